@@ -1,0 +1,1 @@
+"""Everything Megatron: process groups, model provider, weight mapping, log-probs, policy worker."""

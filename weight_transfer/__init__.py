@@ -1,0 +1,1 @@
+"""Moving weights from trainer shards to inference replicas: plan, buckets, transports, receiver."""
