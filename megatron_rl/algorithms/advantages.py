@@ -16,7 +16,7 @@ from correction.masked import check_like, live_mask, masked_stats, masked_whiten
 from megatron_rl.algorithms.groups import (
     check_group_ids,
     check_rewards,
-    group_mean_std,
+    group_centred,
     sequence_scores,
     token_rewards,
 )
@@ -53,11 +53,11 @@ def grpo(
 ) -> Result:
     """(score - group mean), divided by (group std + epsilon) when ``grpo_norm_by_std``."""
     live, scores, seq_live = _inputs(rewards, loss_mask, group_ids)
-    mean, std, _ = group_mean_std(scores, group_ids, seq_live)
-    centred = scores - mean
+    centred, std, _ = group_centred(scores, group_ids, seq_live)
     if config.grpo_norm_by_std:
-        centred = centred / (std + config.advantage_epsilon)
-    return _broadcast(zero_dead(centred, seq_live), live)
+        scale = std + config.advantage_epsilon
+        centred = torch.where(scale > 0, centred / scale, 0.0)
+    return _broadcast(centred, live)
 
 
 @ADVANTAGE_ESTIMATORS.register("dr_grpo")
@@ -73,8 +73,7 @@ def dr_grpo(
     Pair it with ``loss_agg_mode: seq-mean-token-sum-norm`` for the unbiased objective.
     """
     live, scores, seq_live = _inputs(rewards, loss_mask, group_ids)
-    mean, _, _ = group_mean_std(scores, group_ids, seq_live)
-    return _broadcast(zero_dead(scores - mean, seq_live), live)
+    return _broadcast(group_centred(scores, group_ids, seq_live)[0], live)
 
 
 @ADVANTAGE_ESTIMATORS.register("rloo")
@@ -87,9 +86,8 @@ def rloo(
 ) -> Result:
     """Leave-one-out: score minus the mean of the other live trajectories of its group (0 alone)."""
     live, scores, seq_live = _inputs(rewards, loss_mask, group_ids)
-    mean, _, count = group_mean_std(scores, group_ids, seq_live)
-    loo = (scores - mean) * count / (count - 1).clamp(min=1)
-    return _broadcast(torch.where(seq_live & (count > 1), loo, 0.0), live)
+    centred, _, count = group_centred(scores, group_ids, seq_live)
+    return _broadcast(centred * count / (count - 1).clamp(min=1), live)
 
 
 @ADVANTAGE_ESTIMATORS.register("reinforce_pp")
@@ -117,9 +115,8 @@ def reinforce_pp_baseline(
 ) -> Result:
     """REINFORCE++ with a group baseline: score - group mean on every token, whitened over the batch."""
     live, scores, seq_live = _inputs(rewards, loss_mask, group_ids)
-    mean, _, _ = group_mean_std(scores, group_ids, seq_live)
-    centred = zero_dead((scores - mean).unsqueeze(-1).expand(live.shape), live)
-    advantages = masked_whiten(centred, live)
+    centred = group_centred(scores, group_ids, seq_live)[0]
+    advantages = masked_whiten(centred.unsqueeze(-1).expand(live.shape), live)
     return advantages, masked_stats("policy/advantages", advantages, live)
 
 

@@ -14,7 +14,7 @@ from correction.masked import live_mask
 from megatron_rl.algorithms.groups import (
     check_group_ids,
     check_rewards,
-    group_mean_std,
+    group_centred,
     sequence_scores,
 )
 
@@ -30,7 +30,7 @@ def zero_variance_filter(
     check_rewards(rewards, live)
     check_group_ids(group_ids, live.shape[0])
     seq_live = live.any(-1)
-    _, std, _ = group_mean_std(sequence_scores(rewards, live), group_ids, seq_live)
+    _, std, _ = group_centred(sequence_scores(rewards, live), group_ids, seq_live)
     keep = seq_live & (std > tolerance)
     groups = torch.unique(group_ids)
     kept = torch.unique(group_ids[keep])

@@ -41,17 +41,25 @@ def token_rewards(rewards: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
     return torch.where(placed, rewards.to(torch.float32).unsqueeze(-1), 0.0)
 
 
-def group_mean_std(
+def group_centred(
     scores: torch.Tensor, group_ids: torch.Tensor, seq_live: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each trajectory's group mean, unbiased std (0 for fewer than two) and live count, ``[B]`` each."""
+    """Per trajectory: score minus its group's mean, the group's unbiased std (0 for fewer than two)
+    and the group's live count, ``[B]`` each; dead trajectories get 0 and count for nothing.
+
+    Scores are first shifted by one live member of their group, so a group of equal scores centres
+    to exactly 0 (no rounding noise for a std normalisation to blow up).
+    """
+    batch = scores.shape[0]
     index = torch.unique(group_ids, return_inverse=True)[1]
     groups = int(index.max()) + 1 if index.numel() else 0
-    weight = seq_live.to(scores.dtype)
-    count = scores.new_zeros(groups).index_add_(0, index, weight)
-    total = scores.new_zeros(groups).index_add_(0, index, zero_dead(scores, seq_live))
-    mean = (total / count.clamp(min=1))[index]
-    squares = zero_dead((scores - mean).square(), seq_live)
-    var = scores.new_zeros(groups).index_add_(0, index, squares) / (count - 1).clamp(min=1)
+    positions = torch.where(seq_live, torch.arange(batch, device=scores.device), batch)
+    first = torch.full((groups,), batch, device=scores.device)
+    first = first.scatter_reduce(0, index, positions, "amin").clamp(max=max(batch - 1, 0))
+    shifted = zero_dead(scores - scores[first][index], seq_live)
+    count = scores.new_zeros(groups).index_add_(0, index, seq_live.to(scores.dtype))
+    mean = (scores.new_zeros(groups).index_add_(0, index, shifted) / count.clamp(min=1))[index]
+    centred = zero_dead(shifted - mean, seq_live)
+    var = scores.new_zeros(groups).index_add_(0, index, centred.square()) / (count - 1).clamp(min=1)
     std = torch.where(count > 1, var.sqrt(), 0.0)[index]
-    return mean, std, count[index]
+    return centred, std, count[index]
