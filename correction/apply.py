@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from correction.config import CorrectionConfig
-from correction.masked import live_mask
-from correction.ratio import compute_log_ratio
+from correction.masked import count, live_mask
+from correction.ratio import compute_log_ratio, share
 from correction.sequence_masks import SEQUENCE_MASK_METRICS
 from correction.tis import TIS_RATIO_TYPES
 from correction.token_masks import outlier_mask, token_mask
@@ -49,21 +49,26 @@ def apply_correction(
     log_ratio, metrics = compute_log_ratio(
         train_old_logprobs, rollout_logprobs, live, config.log_ratio_clamp
     )
+    total = count(live)
     if config.outlier_enabled:
-        live = _narrow(live, outlier_mask(log_ratio, live, config), metrics)
+        live = _narrow(live, _core(outlier_mask)(log_ratio, live, config), metrics)
     if config.token_mask_enabled:
-        live = _narrow(live, token_mask(log_ratio, live, config), metrics)
+        live = _narrow(live, _core(token_mask)(log_ratio, live, config), metrics)
     weights = ones
     if config.tis_ratio_type is not None:
-        weights, tis_metrics = TIS_RATIO_TYPES.get(config.tis_ratio_type)(log_ratio, live, config)
+        tis = _core(TIS_RATIO_TYPES.get(config.tis_ratio_type))
+        weights, tis_metrics = tis(log_ratio, live, config)
         metrics.update(tis_metrics)
     if config.sequence_mask_metric is not None:
-        mask_fn = SEQUENCE_MASK_METRICS.get(config.sequence_mask_metric)
+        mask_fn = _core(SEQUENCE_MASK_METRICS.get(config.sequence_mask_metric))
         live = _narrow(live, mask_fn(log_ratio, live, config), metrics)
-    metrics["correction/loss_mask_kept_ratio"] = (
-        live.sum() / live_mask(loss_mask).sum().clamp(min=1)
-    ).to(torch.float32)
+    metrics["correction/loss_mask_kept_ratio"] = share(live, total)
     return Correction(weights=weights, loss_mask=live), metrics
+
+
+def _core(fn):
+    """Skip re-validation for built-ins (inputs were checked once above); user functions run as given."""
+    return getattr(fn, "unchecked", fn)
 
 
 def _narrow(

@@ -24,14 +24,20 @@ def live_mask(loss_mask: torch.Tensor, where: str = "loss_mask") -> torch.Tensor
 
 def check_like(live: torch.Tensor, **tensors: torch.Tensor) -> None:
     """Raise ``ValueError`` unless each tensor has ``live``'s shape and is finite where live."""
+    check_shape(live, **tensors)
+    for name, value in tensors.items():
+        if not bool(torch.where(live, torch.isfinite(value), True).all()):
+            raise ValueError(f"{name}: non-finite values at unmasked positions")
+
+
+def check_shape(live: torch.Tensor, **tensors: torch.Tensor) -> None:
+    """Raise ``ValueError`` unless each tensor is floating with ``live``'s shape."""
     for name, value in tensors.items():
         if not isinstance(value, torch.Tensor) or value.shape != live.shape:
             shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value)
             raise ValueError(f"{name}: expected shape {tuple(live.shape)} (like loss_mask), got {shape}")
         if not value.dtype.is_floating_point:
             raise ValueError(f"{name}: expected a floating tensor, got {value.dtype}")
-        if not bool(torch.where(live, torch.isfinite(value), True).all()):
-            raise ValueError(f"{name}: non-finite values at unmasked positions")
 
 
 def check_per_sequence(batch: int, **tensors: torch.Tensor) -> None:
@@ -42,6 +48,16 @@ def check_per_sequence(batch: int, **tensors: torch.Tensor) -> None:
             raise ValueError(f"{name}: expected shape ({batch},), got {shape}")
         if value.dtype.is_floating_point and not bool(torch.isfinite(value).all()):
             raise ValueError(f"{name}: non-finite values")
+
+
+def rows_any(flags: torch.Tensor) -> torch.Tensor:
+    """``flags.any(-1, keepdim=True)`` for a bool ``[B, T]``; amax is several times faster on CPU."""
+    return flags.amax(-1, keepdim=True)
+
+
+def count(flags: torch.Tensor) -> torch.Tensor:
+    """Number of True entries (no int64 copy of the whole tensor, unlike ``sum``)."""
+    return flags.count_nonzero()
 
 
 def zero_dead(values: torch.Tensor, live: torch.Tensor) -> torch.Tensor:

@@ -6,9 +6,14 @@ space so that ``exp`` never overflows, and exactly 0 (r = 1) at masked positions
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 
-from correction.masked import check_like, live_mask, masked_mean, masked_stats, zero_dead
+from correction.masked import check_like, check_shape, count, live_mask, zero_dead
+
+Metrics = dict[str, torch.Tensor]
 
 
 def compute_log_ratio(
@@ -16,20 +21,76 @@ def compute_log_ratio(
     rollout_logprobs: torch.Tensor,
     loss_mask: torch.Tensor,
     clamp: float = 20.0,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+) -> tuple[torch.Tensor, Metrics]:
     """Clamped per-token log ratio (0 where masked) and the rollout-vs-train metrics.
 
-    Metrics: ``correction/is_ratio_{mean,std,min,max}`` over live tokens and
+    Metrics: ``correction/is_ratio_{mean,std,min,max}`` over live tokens (population std) and
     ``correction/logprob_abs_diff_{mean,max}``, the absolute rollout-vs-train log-prob gap.
     """
     live = live_mask(loss_mask)
-    check_like(live, train_old_logprobs=train_old_logprobs, rollout_logprobs=rollout_logprobs)
+    inputs = {"train_old_logprobs": train_old_logprobs, "rollout_logprobs": rollout_logprobs}
+    check_shape(live, **inputs)
     if not clamp > 0:
         raise ValueError(f"log-ratio clamp must be > 0, got {clamp}")
     diff = zero_dead(train_old_logprobs.detach() - rollout_logprobs.detach(), live)
+    if not bool(torch.isfinite(diff).all()):  # one check on the difference; name the culprit
+        check_like(live, **inputs)
+        raise ValueError("train_old_logprobs - rollout_logprobs overflows at unmasked positions")
     log_ratio = diff.clamp(-clamp, clamp)
-    metrics = masked_stats("correction/is_ratio", log_ratio.exp(), live)
+    return log_ratio, _metrics(diff, log_ratio.exp(), live)
+
+
+def _metrics(diff: torch.Tensor, ratio: torch.Tensor, live: torch.Tensor) -> Metrics:
+    """Live-token stats without masked passes: masked positions hold diff 0 and ratio exactly 1,
+    so sums are corrected by the dead count, and min/max need a masked pass only when 1 wins.
+    """
+    live_count = int(count(live))
+    if live_count == 0:
+        zero = ratio.new_zeros(())
+        names = ("is_ratio_mean", "is_ratio_std", "is_ratio_min", "is_ratio_max")
+        return {f"correction/{k}": zero for k in names + ("logprob_abs_diff_mean", "logprob_abs_diff_max")}
+    dead, n = live.numel() - live_count, live_count
+    mean = (ratio.sum() - dead) / n
+    centred = ratio - mean
+    var = ((centred * centred).sum() - dead * (1 - mean) ** 2) / n
+    low, high = torch.aminmax(ratio)
+    if dead:
+        if not bool(low < 1):
+            low = torch.where(live, ratio, torch.inf).min()
+        if not bool(high > 1):
+            high = torch.where(live, ratio, -torch.inf).max()
     gap = diff.abs()
-    metrics["correction/logprob_abs_diff_mean"] = masked_mean(gap, live)
-    metrics["correction/logprob_abs_diff_max"] = gap.max() if gap.numel() else gap.sum()
-    return log_ratio, metrics
+    return {
+        "correction/is_ratio_mean": mean,
+        "correction/is_ratio_std": var.clamp(min=0).sqrt(),
+        "correction/is_ratio_min": low,
+        "correction/is_ratio_max": high,
+        "correction/logprob_abs_diff_mean": gap.sum() / n,
+        "correction/logprob_abs_diff_max": gap.max(),
+    }
+
+
+Core = Callable[[torch.Tensor, torch.Tensor, "object"], tuple[torch.Tensor, Metrics]]
+
+
+def checked(core: Core) -> Core:
+    """Public form of a correction ``core(log_ratio, live, config)``.
+
+    The public form takes any log ratio and loss mask, validates them and zeroes masked positions;
+    :func:`correction.apply.apply_correction`, which has done that once already, calls
+    ``fn.unchecked`` (the core) directly.
+    """
+
+    @functools.wraps(core)
+    def public(log_ratio: torch.Tensor, loss_mask: torch.Tensor, config) -> tuple[torch.Tensor, Metrics]:
+        live = live_mask(loss_mask)
+        check_like(live, log_ratio=log_ratio)
+        return core(zero_dead(log_ratio.detach(), live), live, config)
+
+    public.unchecked = core
+    return public
+
+
+def share(flags: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    """``count(flags) / total`` as a float32 0-d tensor (0 when count is 0); flags must be live-only."""
+    return (count(flags) / total.clamp(min=1)).to(torch.float32)

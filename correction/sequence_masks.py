@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from correction.masked import check_like, fraction, live_mask, masked_stats, zero_dead
+from correction.masked import count, masked_stats, rows_any
+from correction.ratio import Metrics, checked, share
 from correction.registry import Registry
 
 if TYPE_CHECKING:
@@ -22,30 +23,34 @@ SEQUENCE_MASK_METRICS: Registry = Registry("sequence_mask_metric")
 
 
 @SEQUENCE_MASK_METRICS.register("geometric")
+@checked
 def geometric_sequence_mask(
-    log_ratio: torch.Tensor, loss_mask: torch.Tensor, config: CorrectionConfig
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    log_ratio: torch.Tensor, live: torch.Tensor, config: CorrectionConfig
+) -> tuple[torch.Tensor, Metrics]:
     """Keep a sequence iff ``geo_mask_low <= exp(mean log r) <= geo_mask_high``."""
-    live = live_mask(loss_mask)
-    check_like(live, log_ratio=log_ratio)
-    total = zero_dead(log_ratio.detach(), live).sum(-1, keepdim=True)
-    mean_log = total / live.sum(-1, keepdim=True).clamp(min=1).to(total.dtype)
-    return _bounded(
-        "geo_sequence_mask", mean_log, live, config.geo_mask_low, config.geo_mask_high, config
-    )
+    mean_log = _live_sum(log_ratio, live) / live.sum(-1, keepdim=True).clamp(min=1)
+    return _bounded("geo_sequence_mask", mean_log, live, config.geo_mask_low, config.geo_mask_high, config)
 
 
 @SEQUENCE_MASK_METRICS.register("product")
+@checked
 def product_sequence_mask(
-    log_ratio: torch.Tensor, loss_mask: torch.Tensor, config: CorrectionConfig
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    log_ratio: torch.Tensor, live: torch.Tensor, config: CorrectionConfig
+) -> tuple[torch.Tensor, Metrics]:
     """Keep a sequence iff ``product_mask_low <= prod r <= product_mask_high``."""
-    live = live_mask(loss_mask)
-    check_like(live, log_ratio=log_ratio)
-    total = zero_dead(log_ratio.detach(), live).sum(-1, keepdim=True)
     return _bounded(
-        "product_sequence_mask", total, live, config.product_mask_low, config.product_mask_high, config
+        "product_sequence_mask",
+        _live_sum(log_ratio, live),
+        live,
+        config.product_mask_low,
+        config.product_mask_high,
+        config,
     )
+
+
+def _live_sum(log_ratio: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+    """Per-sequence sum of live log ratios (masked positions may be live-dropped, not only 0)."""
+    return torch.where(live, log_ratio, 0.0).sum(-1, keepdim=True)
 
 
 def _bounded(
@@ -55,15 +60,16 @@ def _bounded(
     low: float,
     high: float,
     config: CorrectionConfig,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+) -> tuple[torch.Tensor, Metrics]:
     """Compare in log space, so a product of thousands of ratios never overflows."""
-    seq_live = live.any(-1, keepdim=True)
-    over = seq_log_ratio > math.log(high)
-    under = seq_log_ratio < math.log(low)
-    keep = ~(over | under) | ~seq_live
+    seq_live = rows_any(live)
+    over = (seq_log_ratio > math.log(high)) & seq_live
+    under = (seq_log_ratio < math.log(low)) & seq_live
+    dropped = over | under
+    total = count(seq_live)
     limit = config.log_ratio_clamp
     metrics = masked_stats(f"correction/{name}_ratio", seq_log_ratio.clamp(-limit, limit).exp(), seq_live)
-    metrics[f"correction/{name}_masked_ratio"] = fraction(~keep, seq_live)
-    metrics[f"correction/{name}_over_high_ratio"] = fraction(over, seq_live)
-    metrics[f"correction/{name}_under_low_ratio"] = fraction(under, seq_live)
-    return keep, metrics
+    metrics[f"correction/{name}_masked_ratio"] = share(dropped, total)
+    metrics[f"correction/{name}_over_high_ratio"] = share(over, total)
+    metrics[f"correction/{name}_under_low_ratio"] = share(under, total)
+    return ~dropped, metrics

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from correction.masked import check_like, fraction, live_mask, masked_stats, zero_dead
+from correction.masked import count, masked_stats, rows_any
+from correction.ratio import Metrics, checked, share
 from correction.registry import Registry
 
 if TYPE_CHECKING:
@@ -20,34 +21,29 @@ if TYPE_CHECKING:
 TIS_RATIO_TYPES: Registry = Registry("tis_ratio_type")
 
 
-def _log_ratio(log_ratio: torch.Tensor, loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    live = live_mask(loss_mask)
-    check_like(live, log_ratio=log_ratio)
-    return zero_dead(log_ratio.detach(), live), live
-
-
 @TIS_RATIO_TYPES.register("token")
+@checked
 def token_tis(
-    log_ratio: torch.Tensor, loss_mask: torch.Tensor, config: CorrectionConfig
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    log_ratio: torch.Tensor, live: torch.Tensor, config: CorrectionConfig
+) -> tuple[torch.Tensor, Metrics]:
     """Per-token weight min(r, C); ``[batch, response_len]``."""
-    log_ratio, live = _log_ratio(log_ratio, loss_mask)
-    ratio = log_ratio.clamp(-config.log_ratio_clamp, config.log_ratio_clamp).exp()
     cap = config.token_tis_ratio_clip_high
-    metrics = {"correction/tis_token_clip_high_ratio": fraction(ratio > cap, live)}
-    return ratio.clamp(max=cap), metrics
+    ratio = log_ratio.exp()
+    over = (ratio > cap) & live
+    metrics = {"correction/tis_token_clip_high_ratio": share(over, count(live))}
+    return ratio.clamp_(max=cap), metrics
 
 
 @TIS_RATIO_TYPES.register("sequence")
+@checked
 def sequence_tis(
-    log_ratio: torch.Tensor, loss_mask: torch.Tensor, config: CorrectionConfig
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    log_ratio: torch.Tensor, live: torch.Tensor, config: CorrectionConfig
+) -> tuple[torch.Tensor, Metrics]:
     """Per-sequence weight min(prod r, C_seq) over live tokens; ``[batch, 1]``."""
-    log_ratio, live = _log_ratio(log_ratio, loss_mask)
     limit = config.log_ratio_clamp
-    seq_ratio = log_ratio.sum(-1, keepdim=True).clamp(-limit, limit).exp()
+    seq_ratio = torch.where(live, log_ratio, 0.0).sum(-1, keepdim=True).clamp(-limit, limit).exp()
     cap = config.sequence_tis_ratio_clip_high
-    seq_live = live.any(-1, keepdim=True)
+    seq_live = rows_any(live)
     metrics = masked_stats("correction/tis_seq_ratio", seq_ratio, seq_live)
-    metrics["correction/tis_seq_clip_high_ratio"] = fraction(seq_ratio > cap, seq_live)
+    metrics["correction/tis_seq_clip_high_ratio"] = share((seq_ratio > cap) & seq_live, count(seq_live))
     return seq_ratio.clamp(max=cap), metrics

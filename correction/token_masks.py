@@ -12,59 +12,56 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from correction.masked import check_like, fraction, live_mask
+from correction.masked import count, rows_any
+from correction.ratio import Metrics, checked, share
 
 if TYPE_CHECKING:
     from correction.config import CorrectionConfig
 
 
+@checked
 def token_mask(
-    log_ratio: torch.Tensor, loss_mask: torch.Tensor, config: CorrectionConfig
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    log_ratio: torch.Tensor, live: torch.Tensor, config: CorrectionConfig
+) -> tuple[torch.Tensor, Metrics]:
     """Keep a token iff ``1 - token_mask_eps_low <= r <= 1 + token_mask_eps_high``; ``[B, T]``."""
-    live = live_mask(loss_mask)
-    check_like(live, log_ratio=log_ratio)
     low = None if config.token_mask_eps_low is None else 1 - config.token_mask_eps_low
     high = None if config.token_mask_eps_high is None else 1 + config.token_mask_eps_high
-    over, under = _outside(log_ratio.detach(), live, low, high)
-    keep = ~(over | under)
+    over, under = _outside(log_ratio, live, low, high)
+    dropped = over | under
+    total = count(live)
     metrics = {
-        "correction/token_mask_ratio": fraction(~keep, live),
-        "correction/token_mask_over_high_ratio": fraction(over, live),
-        "correction/token_mask_under_low_ratio": fraction(under, live),
+        "correction/token_mask_ratio": share(dropped, total),
+        "correction/token_mask_over_high_ratio": share(over, total),
+        "correction/token_mask_under_low_ratio": share(under, total),
     }
-    return keep, metrics
+    return ~dropped, metrics
 
 
+@checked
 def outlier_mask(
-    log_ratio: torch.Tensor, loss_mask: torch.Tensor, config: CorrectionConfig
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    log_ratio: torch.Tensor, live: torch.Tensor, config: CorrectionConfig
+) -> tuple[torch.Tensor, Metrics]:
     """Keep a sequence iff every live token's r lies in the outlier bounds; ``[B, 1]``."""
-    live = live_mask(loss_mask)
-    check_like(live, log_ratio=log_ratio)
     over, under = _outside(
-        log_ratio.detach(),
-        live,
-        config.outlier_token_is_threshold_low,
-        config.outlier_token_is_threshold_high,
+        log_ratio, live, config.outlier_token_is_threshold_low, config.outlier_token_is_threshold_high
     )
-    seq_over = over.any(-1, keepdim=True)
-    seq_under = under.any(-1, keepdim=True)
-    keep = ~(seq_over | seq_under)
-    seq_live = live.any(-1, keepdim=True)
+    seq_over = rows_any(over)
+    seq_under = rows_any(under)
+    dropped = seq_over | seq_under
+    total = count(rows_any(live))
     metrics = {
-        "correction/outlier_seq_masked_ratio": fraction(~keep, seq_live),
-        "correction/outlier_seq_over_high_ratio": fraction(seq_over, seq_live),
-        "correction/outlier_seq_under_low_ratio": fraction(seq_under, seq_live),
+        "correction/outlier_seq_masked_ratio": share(dropped, total),
+        "correction/outlier_seq_over_high_ratio": share(seq_over, total),
+        "correction/outlier_seq_under_low_ratio": share(seq_under, total),
     }
-    return keep, metrics
+    return ~dropped, metrics
 
 
 def _outside(
     log_ratio: torch.Tensor, live: torch.Tensor, low: float | None, high: float | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Live positions above ``high`` and below ``low`` (compared in log space)."""
-    none = torch.zeros_like(live)
-    over = live & (log_ratio > math.log(high)) if high is not None else none
-    under = live & (log_ratio < math.log(low)) if low is not None else none
+    none = torch.zeros((), dtype=torch.bool, device=live.device).expand(live.shape)
+    over = (log_ratio > math.log(high)) & live if high is not None else none
+    under = (log_ratio < math.log(low)) & live if low is not None else none
     return over, under

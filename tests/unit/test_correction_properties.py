@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 from correction.apply import apply_correction
 from correction.config import CorrectionConfig
+from correction.ratio import compute_log_ratio
 
 ALL_ON = dict(
     outlier_token_is_threshold_low=0.2,
@@ -76,3 +77,26 @@ def test_ratio_one_is_the_identity(batch, tis, metric):
     out, _ = apply_correction(rollout.clone(), rollout, mask, cfg)
     assert torch.equal(out.loss_mask, mask)
     assert torch.equal(out.weights, torch.ones_like(out.weights))
+
+
+@settings(max_examples=80, deadline=None)
+@given(batches(), st.floats(-3.0, 3.0))
+def test_ratio_metrics_match_a_direct_computation_over_live_tokens(batch, shift):
+    old, rollout, mask = batch
+    old = old + shift  # shifts push every live ratio above or below 1: the min/max fallbacks
+    _, m = compute_log_ratio(old, rollout, mask)
+    if not mask.any():
+        assert all(v.item() == 0 for v in m.values())
+        return
+    diff = (old - rollout)[mask]
+    ratio = diff.clamp(-20, 20).exp()
+    expected = {
+        "correction/is_ratio_mean": ratio.mean(),
+        "correction/is_ratio_std": ratio.std(correction=0),
+        "correction/is_ratio_min": ratio.min(),
+        "correction/is_ratio_max": ratio.max(),
+        "correction/logprob_abs_diff_mean": diff.abs().mean(),
+        "correction/logprob_abs_diff_max": diff.abs().max(),
+    }
+    for key, value in expected.items():
+        assert torch.allclose(m[key], value, rtol=1e-4, atol=1e-4), key
