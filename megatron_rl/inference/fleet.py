@@ -1,0 +1,97 @@
+"""The fleet the generator talks to: managed or external vLLM servers, one router, the control plane.
+
+    async with InferenceFleet(config) as fleet:
+        result = await fleet.generate(GenerationRequest(prompt_ids, SamplingParams(), session_id="t0"))
+        await fleet.control.pause("keep"); ...; await fleet.set_weight_version("1"); await fleet.control.resume()
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+from megatron_rl.inference.config import InferenceConfig
+from megatron_rl.inference.control import ControlPlane
+from megatron_rl.inference.launcher import LocalServers
+from megatron_rl.inference.metrics import fleet_metrics
+from megatron_rl.inference.protocol import completion_payload, parse_choice
+from megatron_rl.inference.replica import Replica
+from megatron_rl.inference.router import Router
+from megatron_rl.inference.types import GenerationRequest, GenerationResult
+
+
+class InferenceFleet:
+    """Async client of the sampler fleet. Managed servers are started on ``start`` (from the
+    calling thread) and stopped on ``close``; external ones are only connected to."""
+
+    def __init__(self, config: InferenceConfig):
+        self.config = config
+        self.local: LocalServers | None = None
+        self.router: Router | None = None
+        self.control: ControlPlane | None = None
+        self.model = ""
+        self.weight_version: str | None = None
+        self._http: aiohttp.ClientSession | None = None
+        self._slots = asyncio.Semaphore(config.router.max_concurrency)
+
+    async def start(self) -> "InferenceFleet":
+        cfg = self.config
+        if cfg.external:
+            server_urls = list(cfg.external_server_urls)
+        else:
+            self.local = LocalServers(cfg.server, cfg.num_servers)
+            self.local.start()
+            server_urls = self.local.urls
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
+        self._http = aiohttp.ClientSession(connector=connector)
+        servers = [Replica(url, self._http) for url in server_urls]
+        data = [Replica(cfg.external_proxy_url, self._http)] if cfg.external_proxy_url else servers
+        self.router = Router(data, cfg.router)
+        self.control = ControlPlane(servers, cfg.router.request_timeout_s)
+        self.model = (await data[0].get("/v1/models"))["data"][0]["id"]
+        versions = set((await self.control.weight_versions()).values())
+        self.weight_version = versions.pop() if len(versions) == 1 else None
+        self.router.start()
+        return self
+
+    async def close(self) -> None:
+        if self.router is not None:
+            await self.router.stop()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+        if self.local is not None:
+            self.local.stop()
+            self.local = None
+
+    async def __aenter__(self) -> "InferenceFleet":
+        try:
+            return await self.start()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Sample one response; retried on another replica if the first one fails."""
+        version = self.weight_version
+        salt = request.cache_salt or (f"weights-{version}" if version is not None else None)
+        payload = completion_payload(request, self.model, salt)
+        async with self._slots:
+            body, replica, attempts, latency = await self.router.send(payload, request.session_id)
+        token_ids, logprobs, reason, experts = parse_choice(body)
+        return GenerationResult(token_ids, logprobs, reason, replica.url, version, experts, attempts, latency)
+
+    async def set_weight_version(self, version: str) -> None:
+        """Tag every replica with ``version`` and salt later requests' prefix cache with it."""
+        await self.control.set_weight_version(version)
+        self.weight_version = version
+
+    async def metrics(self) -> dict[str, float]:
+        """``inference/*`` metrics: per replica in-flight, latency, tokens/s, prefix-cache hit rate."""
+        replicas = self.router.replicas
+        per_replica = await asyncio.gather(*(r.metrics() for r in replicas))
+        return fleet_metrics({r.url: m for r, m in zip(replicas, per_replica)})

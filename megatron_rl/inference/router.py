@@ -1,0 +1,81 @@
+"""The data plane: one entry that places each request on a replica, retries failures elsewhere and
+takes failing replicas out of rotation until their health check passes again."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from megatron_rl.inference.config import RouterConfig
+from megatron_rl.inference.policies import make_policy
+from megatron_rl.inference.protocol import SESSION_HEADER
+from megatron_rl.inference.replica import Replica, ReplicaError
+
+log = logging.getLogger(__name__)
+
+
+class NoReplicaError(RuntimeError):
+    """Every attempt failed or no replica is in rotation."""
+
+
+class Router:
+    """Routes completions over ``replicas`` with the configured policy; shared by client and proxy."""
+
+    def __init__(self, replicas: list[Replica], config: RouterConfig):
+        if not replicas:
+            raise ValueError("inference: the router needs at least one replica URL")
+        self.replicas = replicas
+        self.config = config
+        self.policy = make_policy(config.policy)
+        self._health_task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        """Start the background probe that puts recovered replicas back in rotation."""
+        if self._health_task is None:
+            self._health_task = asyncio.create_task(self._probe_loop())
+
+    async def stop(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+            await asyncio.gather(self._health_task, return_exceptions=True)
+            self._health_task = None
+
+    async def send(self, payload: dict, session_id: str | None) -> tuple[dict, Replica, int, float]:
+        """POST a completion; returns (body, replica that answered, attempts, latency)."""
+        headers = {SESSION_HEADER: session_id} if session_id else {}
+        tried: list[Replica] = []
+        errors: list[str] = []
+        while len(tried) < self.config.max_attempts:
+            candidates = [r for r in self.replicas if r.healthy and r not in tried]
+            if not candidates:
+                break
+            replica = self.policy.choose(candidates, session_id)
+            tried.append(replica)
+            try:
+                body, latency = await replica.complete(payload, headers, self.config.request_timeout_s)
+                return body, replica, len(tried), latency
+            except ReplicaError as err:
+                errors.append(str(err))
+                self.take_out(replica, err)
+        raise NoReplicaError(f"no replica completed the request after {len(tried)} attempt(s): {errors}")
+
+    def take_out(self, replica: Replica, reason: object) -> None:
+        """Stop routing to ``replica`` until a health probe passes."""
+        if replica.healthy:
+            log.warning("inference: taking %s out of rotation: %s", replica.url, reason)
+        replica.healthy = False
+
+    async def _probe_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.health_interval_s)
+            await self.probe()
+
+    async def probe(self) -> None:
+        """Check every replica once: failing ones leave rotation, recovered ones return."""
+        results = await asyncio.gather(*(r.is_healthy() for r in self.replicas))
+        for replica, ok in zip(self.replicas, results):
+            if ok and not replica.healthy:
+                log.warning("inference: %s is healthy again, back in rotation", replica.url)
+            elif not ok:
+                self.take_out(replica, "health check failed")
+            replica.healthy = ok

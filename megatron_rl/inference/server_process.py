@@ -1,0 +1,157 @@
+"""One managed vLLM OpenAI API server: a supervised subprocess on 127.0.0.1 with a free port.
+
+The server runs in its own session (so a terminal's Ctrl-C reaches only us) and gets SIGTERM if
+the thread that started it dies (PR_SET_PDEATHSIG), so a crashed driver leaves no orphans; ``stop``
+ends its whole process group (API server and engine core).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from megatron_rl.inference.config import ServerConfig
+
+_PR_SET_PDEATHSIG = 1
+
+
+class ServerStartError(RuntimeError):
+    """A managed server exited or did not become healthy in time."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def server_command(config: ServerConfig, port: int, seed: int) -> list[str]:
+    """The ``api_server`` command line (the ``vllm`` console script is absent on the CPU build)."""
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", config.model_path,
+        "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", config.dtype,
+        "--max-model-len", str(config.max_model_len),
+        "--tensor-parallel-size", str(config.tensor_parallel_size),
+        "--seed", str(seed),
+    ]
+    if config.worker_extension:
+        cmd += ["--worker-extension-cls", config.worker_extension]
+    if config.kv_cache_gib:
+        cmd += ["--kv-cache-memory-bytes", str(int(config.kv_cache_gib * (1 << 30)))]
+    else:
+        cmd += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
+    if config.enforce_eager:
+        cmd.append("--enforce-eager")
+    return cmd + list(config.extra_args)
+
+
+def server_env(config: ServerConfig, index: int, on_cpu: bool) -> dict[str, str]:
+    """Environment: dev-mode control routes, caches and sockets under the run folder, CPU pinning."""
+    run_dir = Path(config.run_dir)
+    env = {
+        **os.environ,
+        "VLLM_SERVER_DEV_MODE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "VLLM_CACHE_ROOT": str(run_dir / "vllm_cache"),
+        "TMPDIR": str(run_dir / "tmp"),
+        "VLLM_RPC_BASE_PATH": str(run_dir / "tmp"),
+    }
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(run_dir / "inductor_cache"))
+    if on_cpu and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = str(index % (os.cpu_count() or 1))
+    return env
+
+
+class ManagedServer:
+    """Start, health-wait and stop one server; its log goes to ``<run_dir>/server<i>.log``."""
+
+    def __init__(self, config: ServerConfig, index: int, on_cpu: bool):
+        self.config = config
+        self.index = index
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(config.run_dir) / f"server{index}.log"
+        self.process: subprocess.Popen | None = None
+        self._cmd = server_command(config, self.port, config.seed + index)
+        self._env = server_env(config, index, on_cpu)
+
+    def start(self) -> None:
+        for sub in ("tmp", "vllm_cache"):
+            (Path(self.config.run_dir) / sub).mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as log_file:
+            self.process = subprocess.Popen(
+                self._cmd, env=self._env, stdout=log_file, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent,
+            )
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def check_alive(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            code = None if self.process is None else self.process.returncode
+            raise ServerStartError(f"vLLM server {self.index} ({self.url}) exited with code {code}.\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        if not self.log_path.exists():
+            return f"(no log at {self.log_path})"
+        tail = self.log_path.read_text(errors="replace").splitlines()[-lines:]
+        return f"--- last {len(tail)} lines of {self.log_path} ---\n" + "\n".join(tail)
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """SIGTERM the server's process group, then SIGKILL whatever is left after ``grace_s``."""
+        if self.process is None:
+            return
+        pgid = self.process.pid
+        _signal_group(pgid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        _signal_group(pgid, signal.SIGKILL)
+        self.process.wait()
+        self.process = None
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def wait_healthy(servers: list[ManagedServer], timeout_s: float) -> None:
+    """Block until every server answers ``/health``; ServerStartError with the log tail otherwise."""
+    deadline = time.monotonic() + timeout_s
+    pending = list(servers)
+    while pending:
+        for server in list(pending):
+            server.check_alive()
+            if server.healthy():
+                pending.remove(server)
+        if pending and time.monotonic() > deadline:
+            server = pending[0]
+            raise ServerStartError(
+                f"vLLM server {server.index} ({server.url}) not healthy after {timeout_s:.0f} s "
+                f"(inference.server.startup_timeout_s).\n{server.log_tail()}"
+            )
+        time.sleep(0.5)
