@@ -19,18 +19,22 @@ _INT16_MAX_EXPERTS = 2**15
 
 
 class RoutingReplayMode(str, enum.Enum):
-    """Which routing the trainer's forward passes replay."""
+    """Which routing the trainer's forward passes replay.
 
-    NONE = "none"
-    R2 = "r2"
-    R3 = "r3"
+    Members are named by their values: Hydra/OmegaConf match enum overrides by member name, so
+    ``algorithm.routing_replay.mode=r3`` works on the command line.
+    """
+
+    none = "none"
+    r2 = "r2"
+    r3 = "r3"
 
 
 @dataclass
 class RoutingReplayConfig:
     """Routing replay for MoE policies (``algorithm.routing_replay``)."""
 
-    mode: RoutingReplayMode = RoutingReplayMode.NONE
+    mode: RoutingReplayMode = RoutingReplayMode.none
     """none: route freely; r2: replay the trainer's old-log-prob routing; r3: replay the sampler's."""
 
     def __post_init__(self) -> None:

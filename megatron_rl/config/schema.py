@@ -2,8 +2,10 @@
 
 from dataclasses import dataclass, field
 
+from megatron_rl.algorithms.config import AlgorithmConfig
 from megatron_rl.config.model import ModelConfig
 from megatron_rl.config.run import RunConfig
+from megatron_rl.generator.config import GeneratorConfig
 
 
 @dataclass
@@ -12,3 +14,5 @@ class TrainConfig:
 
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)

@@ -82,7 +82,7 @@ def test_too_many_experts_for_compact_form():
 
 
 def test_mode_config():
-    assert RoutingReplayConfig().mode is RoutingReplayMode.NONE
-    assert RoutingReplayConfig(mode="r3").mode is RoutingReplayMode.R3
+    assert RoutingReplayConfig().mode is RoutingReplayMode.none
+    assert RoutingReplayConfig(mode="r3").mode is RoutingReplayMode.r3
     with pytest.raises(ValueError, match="algorithm.routing_replay.mode"):
         RoutingReplayConfig(mode="r4")

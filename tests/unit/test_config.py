@@ -1,0 +1,44 @@
+"""Recipes compose onto the schema; bad keys and values fail before any work, naming the key."""
+
+import pytest
+
+from megatron_rl.config import load_config, to_yaml
+from megatron_rl.config.load import recipe_names
+
+
+@pytest.mark.parametrize("recipe", recipe_names())
+def test_every_recipe_composes(recipe):
+    cfg = load_config([f"recipe={recipe}"])
+    assert cfg.run.name and to_yaml(cfg)
+
+
+def test_overrides_reach_nested_dataclasses():
+    cfg = load_config(["run.seed=7", "algorithm.correction.tis_ratio_type=token", "algorithm.routing_replay.mode=r3"])
+    assert cfg.run.seed == 7
+    assert cfg.algorithm.correction.tis_ratio_type == "token"
+    assert cfg.algorithm.routing_replay.mode.value == "r3"
+
+
+@pytest.mark.parametrize(
+    "words,needle",
+    [
+        (["run.sed=3"], "unknown config key 'run.sed'.*run.seed"),
+        (["+run.extra=1"], "unknown config key 'run.extra'"),
+        (["nothing=1"], "unknown config key 'nothing'"),
+        (["run.seed=abc"], "run.seed"),
+        (["run.resume=maybe"], "run.resume"),
+        (["algorithm.policy_loss_type=ppo"], "algorithm.policy_loss_type.*regular"),
+        (["recipe=no_such_recipe"], "recipe=no_such_recipe.*tiny_cpu"),
+        (["run.seed"], "expected key=value"),
+    ],
+)
+def test_bad_input_names_the_key(words, needle):
+    with pytest.raises(ValueError, match=needle):
+        load_config(words)
+
+
+def test_a_recipe_file_with_an_unknown_key_is_refused(tmp_path):
+    bad = tmp_path / "mine.yaml"
+    bad.write_text("defaults:\n  - train_schema\n  - _self_\nrun:\n  nmae: x\n")
+    with pytest.raises(ValueError, match="run.nmae"):
+        load_config([f"recipe={bad}"])
