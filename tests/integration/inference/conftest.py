@@ -13,9 +13,13 @@ RUN_DIR = Path("/tmp/inference-eng/servers")
 
 
 def pytest_collection_modifyitems(config, items):
+    """Mark these tests integration (the root conftest only knows direct children of the tier
+    folder) and run the ones that launch their own servers before the shared pair starts, so no
+    more than two servers run at once."""
     for item in items:
         if HERE in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.integration)
+    items.sort(key=lambda item: Path(str(item.fspath)).name != "test_lifecycle.py")
 
 
 def server_config(model_path: Path, run_dir: Path = RUN_DIR) -> ServerConfig:
@@ -41,3 +45,4 @@ def servers(moe_model):
 def fleet_config(servers) -> InferenceConfig:
     """A client config over the shared servers (each test makes its own fleet and event loop)."""
     return InferenceConfig(num_servers=0, external_server_urls=servers.urls)
+

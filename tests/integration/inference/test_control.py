@@ -1,0 +1,96 @@
+"""Control plane over real servers: pause keep/abort/wait, resume, versions, sleep refused on CPU."""
+
+import asyncio
+
+import pytest
+
+from megatron_rl.inference import GenerationRequest, SamplingParams, UnsupportedOnPlatform
+
+from helpers import run_with_fleet
+
+LONG = SamplingParams(max_tokens=400, ignore_eos=True, seed=5)
+
+
+def requests(n: int) -> list[GenerationRequest]:
+    return [GenerationRequest([40 + i, 41, 42], LONG, session_id=f"c{i}") for i in range(n)]
+
+
+async def started(fleet, n: int) -> list[asyncio.Task]:
+    """Launch ``n`` long requests and return once every one of them is running."""
+    tasks = [asyncio.create_task(fleet.generate(r)) for r in requests(n)]
+    while sum(r.in_flight for r in fleet.router.replicas) < n:
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)
+    return tasks
+
+
+def test_pause_keep_freezes_requests_and_resume_completes_them_intact(fleet_config):
+    async def body(fleet):
+        reference = await asyncio.gather(*(fleet.generate(r) for r in requests(4)))
+        tasks = await started(fleet, 4)
+        await fleet.control.pause("keep")
+        paused = await fleet.control.is_paused()
+        await asyncio.sleep(3.0)
+        frozen = [t.done() for t in tasks]
+        await fleet.control.resume()
+        return reference, await asyncio.gather(*tasks), paused, frozen
+
+    reference, resumed, paused, frozen = run_with_fleet(fleet_config, body)
+    assert all(paused.values()) and len(paused) == 2
+    assert not any(frozen), "requests must not finish while paused with keep"
+    for ref, out in zip(reference, resumed):
+        assert out.stop_reason == "length" and len(out.token_ids) == 400
+        assert out.token_ids == ref.token_ids, "a frozen request must resume to the same tokens"
+        assert max(abs(a - b) for a, b in zip(out.logprobs, ref.logprobs)) < 1e-4
+
+
+def test_pause_abort_returns_partial_outputs_marked_abort(fleet_config):
+    async def body(fleet):
+        tasks = await started(fleet, 4)
+        await fleet.control.pause("abort")
+        out = await asyncio.gather(*tasks)
+        await fleet.control.resume()
+        after = await fleet.generate(GenerationRequest([1, 2, 3], SamplingParams(max_tokens=3)))
+        return out, after
+
+    out, after = run_with_fleet(fleet_config, body)
+    for result in out:
+        assert result.stop_reason == "abort"
+        assert 0 < len(result.token_ids) < 400 and len(result.logprobs) == len(result.token_ids)
+    assert after.stop_reason == "length", "generation resumes after pause(abort) + resume"
+
+
+def test_pause_wait_drains_in_flight_requests(fleet_config):
+    async def body(fleet):
+        tasks = await started(fleet, 4)
+        await fleet.control.pause("wait")
+        drained = [t.done() for t in tasks]
+        await fleet.control.resume()
+        return drained, await asyncio.gather(*tasks)
+
+    drained, out = run_with_fleet(fleet_config, body)
+    assert all(drained)
+    assert all(r.stop_reason == "length" and len(r.token_ids) == 400 for r in out)
+
+
+def test_weight_versions_are_set_and_read_back_from_every_replica(fleet_config):
+    async def body(fleet):
+        await fleet.set_weight_version("step-7")
+        versions = await fleet.control.weight_versions()
+        result = await fleet.generate(GenerationRequest([1, 2, 3], SamplingParams(max_tokens=2)))
+        return versions, result
+
+    versions, result = run_with_fleet(fleet_config, body)
+    assert versions == {url: "step-7" for url in fleet_config.external_server_urls}
+    assert result.weight_version == "step-7"
+
+
+def test_sleep_is_refused_on_cpu_replicas_and_other_routes_answer(fleet_config):
+    async def body(fleet):
+        with pytest.raises(UnsupportedOnPlatform, match="CPU"):
+            await fleet.control.sleep()
+        await fleet.control.reset_prefix_cache()
+        return await fleet.control.devices(), await fleet.control.health()
+
+    devices, health = run_with_fleet(fleet_config, body)
+    assert set(devices.values()) == {"cpu"} and all(health.values())

@@ -1,0 +1,77 @@
+"""Token ids in, token ids and log-probs out, matching transformers; weight-version cache salt."""
+
+import dataclasses
+
+import torch
+import transformers
+
+from megatron_rl.inference import GenerationRequest, SamplingParams
+
+from helpers import run_with_fleet
+
+
+def hf_logprobs(model_dir, prompt: list[int], ids: list[int]) -> torch.Tensor:
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1]
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids)[:, None])[:, 0]
+
+
+def test_fleet_logprobs_match_transformers(fleet_config, moe_model):
+    tok = transformers.AutoTokenizer.from_pretrained(moe_model)
+    prompts = [tok.encode(text) for text in ("What is 12 + 30?", "Schedule the battery for tonight.")]
+    sampling = SamplingParams(max_tokens=32, temperature=1.0, seed=3, ignore_eos=True)
+
+    async def body(fleet):
+        return [await fleet.generate(GenerationRequest(p, sampling, session_id=f"s{i}")) for i, p in enumerate(prompts)]
+
+    results = run_with_fleet(fleet_config, body)
+    for prompt, result in zip(prompts, results):
+        assert len(result.token_ids) == 32 and result.stop_reason == "length"
+        assert all(0 <= t < len(tok) for t in result.token_ids)
+        expected = hf_logprobs(moe_model, prompt, result.token_ids)
+        diff = (torch.tensor(result.logprobs) - expected).abs().max().item()
+        assert diff < 1e-3, f"fleet and transformers log-probs differ by {diff}"
+
+
+def test_stop_token_ends_the_response_with_stop_reason_stop(fleet_config):
+    async def body(fleet):
+        # Greedy decoding of the same prompt twice; the second run stops at its own 3rd token.
+        first = await fleet.generate(GenerationRequest([5, 6, 7], SamplingParams(max_tokens=8, temperature=0.0)))
+        stop = SamplingParams(max_tokens=8, temperature=0.0, stop_token_ids=(first.token_ids[2],))
+        second = await fleet.generate(GenerationRequest([5, 6, 7], stop))
+        return first, second
+
+    first, second = run_with_fleet(fleet_config, body)
+    assert second.stop_reason == "stop"
+    assert second.token_ids == first.token_ids[: len(second.token_ids)] and len(second.token_ids) <= 3
+
+
+def test_weight_version_salts_the_prefix_cache(fleet_config):
+    """The same long prompt hits the prefix cache, until the weight version changes."""
+    prompt = [(7 * i) % 1900 + 10 for i in range(300)]  # > 2 blocks of 128 tokens
+    request = GenerationRequest(prompt, SamplingParams(max_tokens=2), session_id="salted")
+
+    async def hits(fleet, replica_url):
+        replica = next(r for r in fleet.router.replicas if r.url == replica_url)
+        return (await replica.metrics())["prefix_cache_hits"]
+
+    async def body(fleet):
+        await fleet.set_weight_version("salt-a")
+        first = await fleet.generate(request)
+        h0 = await hits(fleet, first.replica)
+        again = await fleet.generate(request)
+        h1 = await hits(fleet, first.replica)
+        await fleet.set_weight_version("salt-b")
+        other = await fleet.generate(request)
+        h2 = await hits(fleet, first.replica)
+        explicit = await fleet.generate(dataclasses.replace(request, cache_salt="weights-salt-a"))
+        h3 = await hits(fleet, first.replica)
+        return first, again, other, explicit, (h0, h1, h2, h3)
+
+    first, again, other, explicit, (h0, h1, h2, h3) = run_with_fleet(fleet_config, body)
+    assert first.replica == again.replica == other.replica == explicit.replica
+    assert (first.weight_version, other.weight_version) == ("salt-a", "salt-b")
+    assert h1 - h0 >= 256, "a repeated prompt under one version must hit the prefix cache"
+    assert h2 == h1, "a new weight version must not reuse blocks cached under the old one"
+    assert h3 - h2 >= 256, "an explicit salt of the old version reaches the old blocks again"
