@@ -1,0 +1,100 @@
+"""Flat buckets: tensors packed at aligned byte offsets into one uint8 buffer, with the metadata to unpack."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+ALIGN = 64
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype name {name!r}")
+    return dtype
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one tensor sits in its bucket."""
+
+    name: str
+    offset: int
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One flat buffer sent by one trainer rank; ``index`` is its place in the global send order."""
+
+    index: int
+    sender: int
+    nbytes: int
+    slots: tuple[Slot, ...]
+
+    def to_dict(self) -> dict:
+        return {"index": self.index, "sender": self.sender, "nbytes": self.nbytes,
+                "slots": [[s.name, s.offset, list(s.shape), s.dtype, s.nbytes] for s in self.slots]}
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> Bucket:
+        slots = tuple(Slot(n, o, tuple(sh), d, nb) for n, o, sh, d, nb in raw["slots"])
+        return cls(raw["index"], raw["sender"], raw["nbytes"], slots)
+
+
+def assign_buckets(entries, bucket_bytes: int) -> list[Bucket]:
+    """Fill buckets per sender in entry order; interleave senders round-robin for the global order."""
+    per_sender: dict[int, list[list[Slot]]] = {}
+    for entry in entries:
+        spec = entry.spec
+        groups = per_sender.setdefault(entry.sender, [[]])
+        used = _align(groups[-1][-1].offset + groups[-1][-1].nbytes) if groups[-1] else 0
+        if groups[-1] and used + spec.nbytes > bucket_bytes:
+            groups.append([])
+            used = 0
+        groups[-1].append(Slot(spec.name, used, spec.shape, spec.dtype, spec.nbytes))
+    ordered = []
+    rounds = max((len(g) for g in per_sender.values()), default=0)
+    for k in range(rounds):
+        for sender in sorted(per_sender):
+            if k < len(per_sender[sender]):
+                slots = per_sender[sender][k]
+                ordered.append((sender, slots))
+    return [Bucket(i, sender, _align(slots[-1].offset + slots[-1].nbytes), tuple(slots))
+            for i, (sender, slots) in enumerate(ordered)]
+
+
+def pack(bucket: Bucket, tensors: Mapping[str, torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+    """Copy each slot's tensor into ``out`` (uint8, bucket.nbytes, any device); shape and dtype must match."""
+    if out.dtype != torch.uint8 or out.numel() != bucket.nbytes:
+        raise ValueError(f"bucket {bucket.index}: buffer must be uint8 of {bucket.nbytes} bytes")
+    out.zero_()
+    for slot, view in zip(bucket.slots, unpack_views(bucket, out)):
+        copy_into(slot, view, tensors[slot.name])
+    return out
+
+
+def copy_into(slot: Slot, view: torch.Tensor, tensor: torch.Tensor) -> None:
+    """Copy one trainer tensor into its slot, refusing a shape or dtype the plan did not expect."""
+    if tuple(tensor.shape) != slot.shape or str(tensor.dtype).removeprefix("torch.") != slot.dtype:
+        raise ValueError(f"{slot.name}: trainer gives {tuple(tensor.shape)} {tensor.dtype}, the plan says "
+                         f"{slot.shape} {slot.dtype}; rebuild the plan for the current layout")
+    view.copy_(tensor)
+
+
+def unpack_views(bucket: Bucket, flat: torch.Tensor) -> list[torch.Tensor]:
+    """Views into ``flat``, one per slot, with the slot's shape and dtype (no copy)."""
+    return [flat[s.offset:s.offset + s.nbytes].view(torch_dtype(s.dtype)).view(s.shape) for s in bucket.slots]
+
+
+def unpack(bucket: Bucket, flat: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    return [(s.name, v) for s, v in zip(bucket.slots, unpack_views(bucket, flat))]

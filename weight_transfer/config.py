@@ -1,0 +1,89 @@
+"""Weight-transfer config: bucket size, transport (discriminated by ``type``), pause, verification, retries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+PAUSE_MODES = ("keep", "abort", "wait")
+VERIFY_MODES = ("bucket_checksum", "tensor_equality")
+
+
+@dataclass
+class BroadcastConfig:
+    """One process group per sender rank spanning it and every inference worker (NCCL on GPU, gloo on CPU)."""
+
+    type: Literal["broadcast"] = "broadcast"
+    master_addr: str = "127.0.0.1"
+    """Address of the sender ranks' rendezvous stores, as the inference workers reach it."""
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """Collective backend: auto picks nccl when the buffers are on CUDA, gloo otherwise."""
+
+    def __post_init__(self):
+        if self.backend not in ("auto", "gloo", "nccl"):
+            raise ValueError(f"weight_transfer.transport.backend={self.backend!r}: use auto, gloo or nccl")
+
+
+@dataclass
+class SharedMemoryConfig:
+    """Colocated on one host: each bucket is a file in a RAM-backed folder that receivers map without copying."""
+
+    type: Literal["shared_memory"] = "shared_memory"
+    dir: str = "/dev/shm"
+    """RAM-backed folder for bucket files (one file per bucket and version)."""
+
+
+@dataclass
+class CudaIpcConfig:
+    """Colocated on the same GPUs: one CUDA IPC handle per bucket, the receiver maps it without copying."""
+
+    type: Literal["cuda_ipc"] = "cuda_ipc"
+
+
+TransportConfig = BroadcastConfig | SharedMemoryConfig | CudaIpcConfig
+_TRANSPORTS = {"broadcast": BroadcastConfig, "shared_memory": SharedMemoryConfig, "cuda_ipc": CudaIpcConfig}
+
+
+def transport_config(raw: dict | TransportConfig) -> TransportConfig:
+    """Build the transport config from a dict by its ``type`` key (named in the error when unknown)."""
+    if not isinstance(raw, dict):
+        return raw
+    kind = raw.get("type")
+    if kind not in _TRANSPORTS:
+        raise ValueError(f"weight_transfer.transport.type={kind!r}: use one of {sorted(_TRANSPORTS)}")
+    return _TRANSPORTS[kind](**raw)
+
+
+@dataclass
+class WeightTransferConfig:
+    """How trainer weights reach the inference fleet after each update."""
+
+    transport: TransportConfig = field(default_factory=BroadcastConfig)
+    """Transport strategy, chosen by its ``type``: broadcast, shared_memory or cuda_ipc."""
+    bucket_size_mb: int = 512
+    """Size of one flat bucket in MiB; a larger tensor travels alone in its own bucket."""
+    pause_mode: Literal["keep", "abort", "wait"] = "keep"
+    """How generation pauses around the load: keep (freeze, keep KV), abort, or wait (drain)."""
+    verify: Literal["bucket_checksum", "tensor_equality"] = "bucket_checksum"
+    """bucket_checksum (fast) or tensor_equality (SHA-256 of every tensor, for debugging)."""
+    max_retries: int = 2
+    """Attempts after the first for a replica whose transfer failed before it is quarantined."""
+    timeout_s: float = 300.0
+    """Time limit of one transport operation (rendezvous, one bucket) before it counts as failed."""
+
+    def __post_init__(self):
+        self.transport = transport_config(self.transport)
+        if self.bucket_size_mb <= 0:
+            raise ValueError(f"weight_transfer.bucket_size_mb={self.bucket_size_mb}: must be positive")
+        if self.pause_mode not in PAUSE_MODES:
+            raise ValueError(f"weight_transfer.pause_mode={self.pause_mode!r}: use one of {PAUSE_MODES}")
+        if self.verify not in VERIFY_MODES:
+            raise ValueError(f"weight_transfer.verify={self.verify!r}: use one of {VERIFY_MODES}")
+        if self.max_retries < 0:
+            raise ValueError(f"weight_transfer.max_retries={self.max_retries}: must be >= 0")
+        if self.timeout_s <= 0:
+            raise ValueError(f"weight_transfer.timeout_s={self.timeout_s}: must be positive")
+
+    @property
+    def bucket_bytes(self) -> int:
+        return self.bucket_size_mb << 20

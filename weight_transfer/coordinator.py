@@ -1,0 +1,236 @@
+"""The update protocol, loop side: connect → receive (senders push while replicas stage) → pause → finish
+(verify, load, report version) → resume. Failed replicas are retried on a fresh session, then quarantined;
+the fleet resumes only when every replica still serving reports the new version."""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from weight_transfer.config import WeightTransferConfig
+from weight_transfer.plan import TransferPlan
+from weight_transfer.replicas import Replica, ReplicaDown
+from weight_transfer.session import new_session
+
+log = logging.getLogger("weight_transfer")
+
+
+class Senders(Protocol):
+    """The trainer ranks that send (one call fans out to all of them)."""
+
+    def connect(self, session: dict) -> None: ...
+
+    def send(self, version: int, digests: bool) -> dict:
+        """Every rank sends its buckets; merged ``{"buckets": {index: checksum}, "tensors": {...}}``."""
+
+    def release(self, version: int) -> None: ...
+
+    def disconnect(self) -> None: ...
+
+
+class WeightTransferError(RuntimeError):
+    """The update could not reach every live replica; the message names each failure."""
+
+
+@dataclass
+class _Attempt:
+    ok: list = field(default_factory=list)
+    errors: dict = field(default_factory=dict)
+    sender_error: str | None = None
+    load_seconds: float = 0.0
+    paused_at: float | None = None
+
+    def fail(self, replica: Replica, error: str) -> None:
+        self.errors[replica.name] = error
+
+
+class WeightTransferCoordinator:
+    def __init__(self, config: WeightTransferConfig, plan: TransferPlan, replicas: list[Replica], senders: Senders):
+        self.config, self.replicas, self.senders = config, list(replicas), senders
+        self.versions: dict[str, int | None] = {r.name: None for r in replicas}
+        self.quarantined: dict[str, str] = {}
+        self._plan_sent: dict[str, str] = {}
+        self._session_targets: list[str] | None = None
+        self.set_plan(plan)
+
+    def set_plan(self, plan: TransferPlan) -> None:
+        """Use a new plan (the layout changed): replicas get it before the next update, sessions restart."""
+        self.plan = plan
+        self._session_targets = None
+
+    def update(self, version: int) -> dict[str, float]:
+        """Move every live replica to ``version``; returns ``weight_transfer/*`` metrics."""
+        start, pause_start, retries = time.perf_counter(), None, 0
+        failures: dict[str, int] = {}
+        stats = {"transfer": 0.0, "load": 0.0}
+        while pending := [r for r in self._live() if self.versions[r.name] != version]:
+            attempt, transfer_s = self._attempt(version, pending)
+            stats["transfer"] = max(stats["transfer"], transfer_s)
+            stats["load"] = max(stats["load"], attempt.load_seconds)
+            pause_start = pause_start or attempt.paused_at
+            for replica in attempt.ok:
+                self.versions[replica.name] = version
+            if not attempt.errors:
+                break
+            retries += 1
+            self._session_targets = None
+            self._blame(version, attempt, failures)
+        self._resume(version)
+        return self._metrics(start, pause_start, retries, stats)
+
+    def _attempt(self, version: int, targets: list[Replica]) -> tuple[_Attempt, float]:
+        result = _Attempt()
+        targets = [r for r in targets if r.healthy() or result.fail(r, "not healthy (no answer)")]
+        if targets and self._session_targets != [r.name for r in targets]:
+            targets = self._connect(targets, result)
+        if not targets:
+            return result, 0.0
+        start = time.perf_counter()
+        sent, received = self._transfer(version, targets, result)
+        transfer_s = time.perf_counter() - start
+        if result.sender_error:
+            for replica in targets:
+                result.fail(replica, f"senders failed: {result.sender_error}")
+            return result, transfer_s
+        ready = [r for r, answer in zip(targets, received) if self._received(r, answer, result)]
+        result.paused_at = time.perf_counter()
+        _each(ready, lambda r: r.pause(self.config.pause_mode))
+        self._finish(version, ready, sent, result)
+        self.senders.release(version)
+        return result, transfer_s
+
+    def _connect(self, targets: list[Replica], result: _Attempt) -> list[Replica]:
+        """Fresh session for ``targets``: plan to replicas that lack it, then senders and workers join together."""
+        workers = {}
+        for replica in targets:
+            try:
+                workers[replica.name] = len(replica.call("wt_describe", {}, self.config.timeout_s))
+                if self._plan_sent.get(replica.name) != self.plan.fingerprint:
+                    replica.call("wt_set_plan", {"plan": self.plan.to_json()}, self.config.timeout_s)
+                    self._plan_sent[replica.name] = self.plan.fingerprint
+            except ReplicaDown as err:
+                result.fail(replica, str(err))
+        targets = [r for r in targets if r.name in workers]
+        session = new_session(self.config, self.plan, sum(workers.values()))
+        bases = [1 + sum(workers[t.name] for t in targets[:i]) for i in range(len(targets))]
+        calls = [lambda: self.senders.connect(session)] + [
+            (lambda r=r, b=b: r.call("wt_init_transport", {"session": session, "rank_base": b}, self.config.timeout_s))
+            for r, b in zip(targets, bases)]
+        outcomes = _run_all(calls)
+        if isinstance(outcomes[0], Exception):
+            result.sender_error = f"connect: {outcomes[0]}"
+            for replica in targets:
+                result.fail(replica, f"senders failed to connect: {outcomes[0]}")
+            return []
+        joined = [r for r, out in zip(targets, outcomes[1:]) if not isinstance(out, Exception) or result.fail(r, str(out))]
+        self._session_targets = [r.name for r in targets] if len(joined) == len(targets) else None
+        return joined
+
+    def _transfer(self, version: int, targets: list[Replica], result: _Attempt) -> tuple[dict, list]:
+        digests = self.config.verify == "tensor_equality"
+        receive = {"version": version, "plan": self.plan.fingerprint}
+        calls = [lambda: self.senders.send(version, digests)] + [
+            (lambda r=r: r.call("wt_receive", receive, self.config.timeout_s)) for r in targets]
+        sent, *received = _run_all(calls)
+        if isinstance(sent, Exception):
+            result.sender_error = f"{type(sent).__name__}: {sent}"
+        return sent, received
+
+    def _received(self, replica: Replica, answer, result: _Attempt) -> bool:
+        if isinstance(answer, Exception):
+            result.fail(replica, f"receive: {answer}")
+            return False
+        bad = [a["error"] for a in answer if not a["ok"]]
+        if bad:
+            result.fail(replica, f"receive: {bad[0]}")
+        return not bad
+
+    def _finish(self, version: int, ready: list[Replica], sent: dict, result: _Attempt) -> None:
+        expected = {str(k): v for k, v in sent["buckets"].items()}
+        msg = {"version": version, "expected": expected, "digests": bool(sent["tensors"])}
+        answers = _run_all([(lambda r=r: r.call("wt_finish", msg, self.config.timeout_s)) for r in ready])
+        for replica, answer in zip(ready, answers):
+            error = self._check_report(version, answer, expected, sent["tensors"])
+            if error:
+                result.fail(replica, error)
+            else:
+                result.ok.append(replica)
+                result.load_seconds = max([result.load_seconds] + [a["load_seconds"] for a in answer])
+
+    @staticmethod
+    def _check_report(version: int, answer, expected: dict, digests: dict) -> str | None:
+        if isinstance(answer, Exception):
+            return f"finish: {answer}"
+        for worker, report in enumerate(answer):
+            if not report["ok"]:
+                return f"worker {worker}: {report['error']}"
+            if report["version"] != version or report["checksums"] != expected:
+                wrong = sorted(k for k in expected if report["checksums"].get(k) != expected[k])
+                return f"worker {worker} reports version {report['version']}, wrong bucket checksums {wrong}"
+            wrong = sorted(n for n in digests if report["tensors"].get(n) != digests[n])
+            if wrong:
+                return f"worker {worker}: tensors differ after transfer: {wrong[:10]}"
+        return None
+
+    def _live(self) -> list[Replica]:
+        return [r for r in self.replicas if r.name not in self.quarantined]
+
+    def _blame(self, version: int, attempt: _Attempt, failures: dict[str, int]) -> None:
+        for name, error in attempt.errors.items():
+            log.error("weight_transfer: version %d to replica %s failed: %s", version, name, error)
+        if attempt.sender_error and not attempt.ok:
+            failures["senders"] = failures.get("senders", 0) + 1
+            if failures["senders"] > self.config.max_retries:
+                raise WeightTransferError(f"version {version}: senders failed {failures['senders']} times, last: "
+                                          f"{attempt.sender_error}; replicas keep their versions {self.versions}")
+            return
+        for name in attempt.errors:
+            failures[name] = failures.get(name, 0) + 1
+            if failures[name] > self.config.max_retries:
+                self._quarantine(name, attempt.errors[name])
+
+    def _quarantine(self, name: str, reason: str) -> None:
+        replica = next(r for r in self.replicas if r.name == name)
+        self.quarantined[name] = reason
+        log.error("weight_transfer: quarantining replica %s: %s", name, reason)
+        replica.quarantine(reason)
+
+    def _resume(self, version: int) -> None:
+        live = self._live()
+        behind = {r.name: self.versions[r.name] for r in live if self.versions[r.name] != version}
+        assert not behind, f"resuming with replicas behind version {version}: {behind}"
+        _each(live, lambda r: r.resume())
+
+    def _metrics(self, start: float, pause_start: float | None, retries: int, stats: dict) -> dict[str, float]:
+        seconds = time.perf_counter() - start
+        nbytes = self.plan.nbytes
+        return {"weight_transfer/seconds": seconds,
+                "weight_transfer/transfer_seconds": stats["transfer"],
+                "weight_transfer/load_seconds": stats["load"],
+                "weight_transfer/bytes": float(nbytes),
+                "weight_transfer/gb_per_s": nbytes / stats["transfer"] / 1e9 if stats["transfer"] else 0.0,
+                "weight_transfer/pause_seconds": time.perf_counter() - pause_start if pause_start else 0.0,
+                "weight_transfer/buckets": float(len(self.plan.buckets)),
+                "weight_transfer/retries": float(retries),
+                "weight_transfer/quarantined": float(len(self.quarantined))}
+
+
+def _run_all(calls: list) -> list:
+    """Run ``calls`` concurrently; each result is its return value or the exception it raised."""
+    def guarded(call):
+        try:
+            return call()
+        except Exception as err:  # reported per call; the coordinator decides whom to blame
+            return err
+
+    with ThreadPoolExecutor(max_workers=max(1, len(calls))) as pool:
+        return list(pool.map(guarded, calls))
+
+
+def _each(replicas: list[Replica], call) -> None:
+    for outcome in _run_all([(lambda r=r: call(r)) for r in replicas]):
+        if isinstance(outcome, Exception):
+            raise outcome

@@ -1,0 +1,88 @@
+"""vLLM worker extension (a mixin): joins the transport, stages an update's buckets, verifies them and
+loads them through vLLM's own ``reload_weights`` path, so fused, repacked and sharded layouts are vLLM's job.
+
+Every method takes one JSON string and returns a JSON-able dict, so the same calls work through
+``LLM.collective_rpc`` and the server's dev-mode ``/collective_rpc`` route. Staging makes an update atomic:
+a replica whose buckets fail to arrive or to verify keeps its previous weights untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import torch
+
+from weight_transfer.buckets import unpack
+from weight_transfer.checksum import bucket_checksum, tensor_digest
+from weight_transfer.plan import TransferPlan
+from weight_transfer.transports import TransportError, make_receiver
+
+
+class WeightReceiver:
+    """Mixin for vLLM's worker: ``worker_extension_cls="weight_transfer.vllm_receiver.WeightReceiver"``."""
+
+    def wt_describe(self, payload: str = "{}") -> dict:
+        """This worker's rank in its engine, device, committed version and cached plan."""
+        return {"rank": self.rank, "pid": os.getpid(), "device": str(self.device), "version": getattr(self, "_wt_version", None),
+                "plan": getattr(self, "_wt_plan", None) and self._wt_plan.fingerprint}
+
+    def wt_set_plan(self, payload: str) -> dict:
+        """Cache the transfer plan (sent only when it changes); returns its fingerprint."""
+        self._wt_plan = TransferPlan.from_json(json.loads(payload)["plan"])
+        return {"plan": self._wt_plan.fingerprint}
+
+    def wt_init_transport(self, payload: str) -> dict:
+        """Join the session: ``{"session": {...}, "rank_base": int}``; this worker's rank is base + own rank."""
+        msg = json.loads(payload)
+        self.wt_close_transport()
+        rank = msg["rank_base"] + self.rank
+        self._wt_transport = make_receiver(msg["session"], rank, torch.device(self.device))
+        return {"rank": rank}
+
+    def wt_close_transport(self, payload: str = "{}") -> dict:
+        if getattr(self, "_wt_transport", None) is not None:
+            self._wt_transport.close()
+        self._wt_transport, self._wt_staged = None, []
+        return {}
+
+    def wt_receive(self, payload: str) -> dict:
+        """Receive every bucket of ``{"version", "plan"}`` into staging; ``ok`` False names the failure."""
+        msg = json.loads(payload)
+        self._wt_staged = []
+        plan = getattr(self, "_wt_plan", None)
+        if plan is None or plan.fingerprint != msg["plan"]:
+            return {"ok": False, "error": f"stale plan: have {plan and plan.fingerprint}, update uses {msg['plan']}"}
+        start = time.perf_counter()
+        try:
+            for bucket, flat in self._wt_transport.receive(msg["version"], plan.buckets):
+                self._wt_staged.append((bucket, flat))
+        except TransportError as err:
+            self._wt_staged = []
+            return {"ok": False, "error": str(err)}
+        return {"ok": True, "seconds": time.perf_counter() - start}
+
+    def wt_finish(self, payload: str) -> dict:
+        """Verify staged buckets against ``expected`` checksums, then load them all in one ``reload_weights``.
+
+        Returns ``{"ok", "version", "checksums", "tensors", "error", "load_seconds"}``; on a mismatch nothing
+        is loaded and ``version`` stays the previous one.
+        """
+        msg = json.loads(payload)
+        staged, self._wt_staged = self._wt_staged, []
+        checksums = {str(b.index): bucket_checksum(flat) for b, flat in staged}
+        bad = sorted((i for i, c in checksums.items() if msg["expected"].get(i) != c), key=int)
+        missing = sorted(set(msg["expected"]) - set(checksums), key=int)
+        report = {"checksums": checksums, "tensors": {}, "version": getattr(self, "_wt_version", None)}
+        if bad or missing:
+            self._wt_transport.release(msg["version"])
+            return {**report, "ok": False, "error": f"bucket checksum mismatch {bad}, missing {missing}; not loaded"}
+        tensors = [pair for b, flat in staged for pair in unpack(b, flat)]
+        if msg.get("digests"):
+            report["tensors"] = {name: tensor_digest(t) for name, t in tensors}
+        start = time.perf_counter()
+        self.reload_weights(weights_iterator=iter(tensors))
+        self._wt_transport.release(msg["version"])
+        self._wt_version = msg["version"]
+        return {**report, "ok": True, "version": msg["version"], "load_seconds": time.perf_counter() - start}
