@@ -20,7 +20,7 @@ from megatron_rl.envs.registry import register_env
 from megatron_rl.envs.text2sql.compare import is_ordered, results_match
 from megatron_rl.envs.text2sql.databases import write_database
 from megatron_rl.envs.text2sql.executor import QueryResult, run_query
-from megatron_rl.envs.tool_calls import PARSERS, parse_tool_calls
+from megatron_rl.envs.tool_calls import PARSERS, ParsedReply, parse_tool_calls
 
 _SQL_BLOCK = re.compile(r"```sql\s*(.*?)```", re.DOTALL | re.IGNORECASE)
 
@@ -55,9 +55,8 @@ class Text2SQLConfig:
             raise ValueError(f"envs.text2sql.tool_call_format: '{self.tool_call_format}'; known: {', '.join(PARSERS)}")
 
 
-def _find_query(reply: str, fmt: str) -> tuple[str | None, str | None, str]:
+def _find_query(parsed: ParsedReply, reply: str) -> tuple[str | None, str | None, str]:
     """(query, problem, role): the submitted query, or a message saying why there is none."""
-    parsed = parse_tool_calls(reply, fmt)
     if parsed.error:
         return None, f"Your tool call could not be parsed: {parsed.error}", "tool"
     for call in parsed.calls:
@@ -104,15 +103,15 @@ class Text2SQLEnv(Env):
     def step(self, action: str) -> StepResult:
         self.turns += 1
         self.metrics["turns"] = float(self.turns)
-        query, problem, role = _find_query(action, self.config.tool_call_format)
+        parsed = parse_tool_calls(action, self.config.tool_call_format)
+        self.metrics["parse_errors"] += float(parsed.error is not None)
+        query, problem, role = _find_query(parsed, action)
         if problem is None:
             result = run_query(self.db_path, query, self.config.time_limit_s, self.config.max_rows)
             if result.error is None:
                 return self._score(result)
             self.metrics["sql_errors"] += 1
             problem = f"{result.error}\nFix the query and try again."
-        elif problem.startswith("Your tool call"):
-            self.metrics["parse_errors"] += 1
         if self.turns >= self.config.max_turns:
             return StepResult([], 0.0, True, {"correct": 0.0})
         return StepResult([{"role": role, "content": problem}], 0.0, False, {})
