@@ -67,7 +67,7 @@ class TrainerLayout:
 
     def expert_rank_of(self, name: str) -> int:
         """Expert-parallel rank holding ``name`` (0 for tensors that are not routed experts)."""
-        expert = _EXPERT.search(name)
+        expert = _EXPERT.search(name) if self.ep > 1 else None
         return int(expert.group(1)) // (self.num_experts // self.ep) if expert else 0
 
     def tp_group(self, name: str) -> list[int]:
