@@ -29,8 +29,8 @@ class ServerConfig:
     """Sampling seed of each server (server i uses seed + i)."""
     enforce_eager: bool = True
     """Skip graph capture/compilation (starts faster; required on the CPU build)."""
-    worker_extension: str = ""
-    """Qualified name of a vLLM worker extension class to inject into every worker (empty: none)."""
+    worker_extension: str = "megatron_rl.inference.worker_extension.MegatronRLWorkerExtension"
+    """Qualified name of the vLLM worker extension class injected into every worker (empty: none)."""
     extra_args: list[str] = field(default_factory=list)
     """More ``vllm.entrypoints.openai.api_server`` flags, passed through verbatim."""
     startup_timeout_s: float = 300.0

@@ -80,10 +80,35 @@ class InferenceFleet:
         version = self.weight_version
         salt = request.cache_salt or (f"weights-{version}" if version is not None else None)
         payload = completion_payload(request, self.model, salt)
+        if request.return_routed_experts:
+            await self._capture_routes()
         async with self._slots:
             body, replica, attempts, latency = await self.router.send(payload, request.session_id)
         token_ids, logprobs, reason, experts = parse_choice(body)
-        return GenerationResult(token_ids, logprobs, reason, replica.url, version, experts, attempts, latency)
+        result = GenerationResult(token_ids, logprobs, reason, replica.url, version, experts, attempts, latency)
+        if request.return_routed_experts and experts is None:
+            await self._attach_captured_routes(replica, body["id"], result)
+        return result
+
+    async def _capture_routes(self) -> None:
+        """Hook the MoE gates of replicas not yet capturing (the worker extension's R3 fallback)."""
+        todo = [r for r in self.router.replicas if r.healthy and not r.capturing_routes]
+        body = {"method": "mrl_start_routing_capture"}
+        await asyncio.gather(*(r.post("/collective_rpc", body) for r in todo))
+        for replica in todo:
+            replica.capturing_routes = True
+
+    async def _attach_captured_routes(self, replica: Replica, request_id: str, result: GenerationResult) -> None:
+        body = {"method": "mrl_pop_routed_experts", "args": [request_id]}
+        record = (await replica.post("/collective_rpc", body))["results"][0]
+        if record is not None:
+            result.routed_experts, result.routed_experts_start = record["experts"], record["start"]
+
+    def end_session(self, session_id: str) -> None:
+        """Forget a finished trajectory's replica (sticky routing keeps one entry per live session)."""
+        forget = getattr(self.router.policy, "forget", None)
+        if forget is not None:
+            forget(session_id)
 
     async def set_weight_version(self, version: str) -> None:
         """Tag every replica with ``version`` and salt later requests' prefix cache with it."""

@@ -23,6 +23,7 @@ class Replica:
         self.in_flight = 0
         self.assigned = 0
         self.healthy = True
+        self.capturing_routes = False
         self.stats = ReplicaStats()
 
     def __repr__(self) -> str:

@@ -64,6 +64,7 @@ class Router:
         if replica.healthy:
             log.warning("inference: taking %s out of rotation: %s", replica.url, reason)
         replica.healthy = False
+        replica.capturing_routes = False  # a restarted server comes back without hooks
 
     async def _probe_loop(self) -> None:
         while True:

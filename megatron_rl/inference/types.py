@@ -61,6 +61,8 @@ class GenerationRequest:
     """Trajectory id: turns of one session stay on one replica for prefix-cache reuse."""
     cache_salt: str | None = None
     """Prefix-cache salt; None uses the fleet's current weight version so no block crosses versions."""
+    return_routed_experts: bool = False
+    """MoE: also return the experts each layer routed each token to (for R3 routing replay)."""
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -82,7 +84,10 @@ class GenerationResult:
     weight_version: str | None
     """Weight version the fleet was on when the request was sent (the cache salt's version)."""
     routed_experts: list | None = None
-    """MoE only: expert indices per token, layer and top-k slot, where the server returns them."""
+    """MoE, when asked: expert indices [position, layer, top_k slot] for the prompt and response
+    tokens from ``routed_experts_start`` on, up to the last sampled token (never forwarded)."""
+    routed_experts_start: int = 0
+    """First sequence position with a routing record (prefix-cached prompt tokens have none)."""
     attempts: int = 1
     """Replicas tried, including the one that answered."""
     latency_s: float = 0.0

@@ -1,5 +1,6 @@
 """Token ids in, token ids and log-probs out, matching transformers; weight-version cache salt."""
 
+import asyncio
 import dataclasses
 
 import torch
@@ -75,3 +76,40 @@ def test_weight_version_salts_the_prefix_cache(fleet_config):
     assert h1 - h0 >= 256, "a repeated prompt under one version must hit the prefix cache"
     assert h2 == h1, "a new weight version must not reuse blocks cached under the old one"
     assert h3 - h2 >= 256, "an explicit salt of the old version reaches the old blocks again"
+
+
+def test_metrics_report_per_replica_load_latency_throughput_and_cache_hits(fleet_config):
+    async def body(fleet):
+        reqs = [GenerationRequest([60 + i, 61, 62], SamplingParams(max_tokens=16, ignore_eos=True)) for i in range(8)]
+        results = await asyncio.gather(*(fleet.generate(r) for r in reqs))
+        return results, await fleet.metrics()
+
+    results, metrics = run_with_fleet(fleet_config, body)
+    by_replica = {r.replica for r in results}
+    assert metrics["inference/requests"] == 8 and metrics["inference/completion_tokens"] == 8 * 16
+    assert metrics["inference/in_flight"] == 0 and metrics["inference/tokens_per_s"] > 0
+    for i in range(len(fleet_config.external_server_urls)):
+        assert f"inference/replica{i}/latency_p50_s" in metrics
+        assert 0 <= metrics[f"inference/replica{i}/prefix_cache_hit_rate"] <= 1
+    assert len(by_replica) == 2 and 0 <= metrics["inference/prefix_cache_hit_rate"] <= 1
+
+
+def test_routed_experts_captured_by_the_worker_extension_match_transformers(fleet_config, moe_model):
+    prompt = [(13 * i) % 1900 + 11 for i in range(20)]
+    request = GenerationRequest(prompt, SamplingParams(max_tokens=12, ignore_eos=True, seed=2),
+                                cache_salt="r3-test", return_routed_experts=True)
+
+    async def body(fleet):
+        return await fleet.generate(request), await fleet.generate(dataclasses.replace(request, cache_salt="r3-b"))
+
+    result, again = run_with_fleet(fleet_config, body)
+    assert result.routed_experts_start == 0
+    routed = torch.tensor(result.routed_experts)
+    seq = prompt + result.token_ids
+    assert routed.shape == (len(seq) - 1, 2, 2), "[positions up to the last sampled token, layers, top_k]"
+    model = transformers.AutoModelForCausalLM.from_pretrained(moe_model, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([seq[:-1]]), output_router_logits=True).router_logits
+    expected = torch.stack([layer.reshape(len(seq) - 1, -1).topk(2, dim=-1).indices for layer in logits], dim=1)
+    assert torch.equal(routed.sort(-1).values, expected.sort(-1).values)
+    assert again.routed_experts is not None and len(again.routed_experts) == len(prompt) + 11
