@@ -1,0 +1,263 @@
+"""Local layer spec vs the fast spec (SDPA/varlen attention, grouped-GEMM experts), same run.
+
+For a dense and an MoE GPTModel of the same shapes (default: 16 layers x 2048 hidden, GQA 16/4,
+sequence 4096, batch 2, bf16, the issue's table) it builds each spec in turn and measures
+- train: one full step (forward, backward, megatron's Adam with fp32 master weights),
+- rl: the RL train step (a no-grad log-prob pass, then a clipped-ratio policy update),
+printing tokens/s, MFU (model FLOPs per token 6*N_active + 6*L*s*h for the train step, 8*N + 8*L*s*h
+for the RL step, of --peak-tflops), peak memory and fast/local ratios. ``--profile`` adds a torch
+profiler summary of the fast MoE train step.
+
+    python benchmarks/bench_layer_specs.py                 # H200 (one GPU)
+    python benchmarks/bench_layer_specs.py --tiny --iters 1 # CPU smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Shape:
+    layers: int = 16
+    hidden: int = 2048
+    heads: int = 16
+    groups: int = 4
+    ffn: int = 5632
+    experts: int = 8
+    topk: int = 2
+    moe_ffn: int = 1408
+    vocab: int = 32768
+    seq: int = 4096
+    batch: int = 2
+
+
+TINY = Shape(layers=2, hidden=64, heads=4, groups=2, ffn=128, experts=4, moe_ffn=32, vocab=256, seq=64, batch=2)
+
+
+def main() -> None:
+    args = _parse()
+    from parallel.config import ParallelConfig
+    from parallel.groups import destroy_distributed, init_distributed
+
+    init_distributed(ParallelConfig(), 0, 1, f"tcp://127.0.0.1:{args.port}")
+    shape = TINY if args.tiny else Shape(seq=args.seq, batch=args.batch)
+    rows = []
+    try:
+        for moe in (False, True):
+            for spec in ("local", "fast"):
+                rows.append(_measure(shape, moe, spec, args))
+                print(_row(rows[-1]), flush=True)
+        if args.profile:
+            _profile(shape, args)
+    finally:
+        destroy_distributed()
+    _print_table(rows, args.peak_tflops)
+
+
+def _parse():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iters", type=int, default=5, help="timed steps per measurement")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument("--seq", type=int, default=4096)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of the GPU")
+    parser.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke run)")
+    parser.add_argument("--profile", action="store_true", help="torch profiler summary of the fast MoE step")
+    parser.add_argument("--port", type=int, default=29561)
+    return parser.parse_args()
+
+
+def _config(shape: Shape, moe: bool):
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    gpu = torch.cuda.is_available()
+    dtype = torch.bfloat16 if gpu else torch.float32
+    extra = {}
+    if moe:
+        extra = dict(
+            num_moe_experts=shape.experts,
+            moe_router_topk=shape.topk,
+            moe_ffn_hidden_size=shape.moe_ffn,
+            moe_token_dispatcher_type="alltoall" if gpu else "allgather",
+            moe_router_load_balancing_type="none",
+        )
+    return TransformerConfig(
+        num_layers=shape.layers,
+        hidden_size=shape.hidden,
+        num_attention_heads=shape.heads,
+        num_query_groups=shape.groups,
+        ffn_hidden_size=shape.ffn,
+        kv_channels=shape.hidden // shape.heads,
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,
+        bias_activation_fusion=gpu,
+        normalization="RMSNorm",
+        add_bias_linear=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        bf16=gpu,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        **extra,
+    )
+
+
+def _build(shape: Shape, moe: bool, spec_name: str):
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    from parallel.layers.spec import build_layer_spec
+
+    config = _config(shape, moe)
+    spec = build_layer_spec(config, moe=moe, qk_layernorm=False, prefer=spec_name)
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=spec,
+        vocab_size=shape.vocab,
+        max_sequence_length=shape.seq,
+        position_embedding_type="rope",
+        share_embeddings_and_output_weights=False,
+    )
+    if torch.cuda.is_available():
+        model.cuda()
+    ddp = DistributedDataParallel(config, DistributedDataParallelConfig(grad_reduce_in_fp32=True), model)
+    optimizer = get_megatron_optimizer(
+        OptimizerConfig(optimizer="adam", lr=1e-6, bf16=config.bf16, use_distributed_optimizer=False), [ddp]
+    )
+    return ddp, optimizer
+
+
+def _logprobs(model, tokens):
+    inputs, labels = tokens[:, :-1], tokens[:, 1:]
+    positions = torch.arange(inputs.shape[1], device=inputs.device).expand_as(inputs)
+    return -model(inputs, positions, None, labels=labels)
+
+
+def _train_step(model, optimizer, tokens):
+    model.zero_grad_buffer()
+    optimizer.zero_grad()
+    _logprobs(model, tokens).mean().neg().backward()
+    model.finish_grad_sync()
+    optimizer.step()
+
+
+def _rl_step(model, optimizer, tokens, advantages):
+    with torch.no_grad():
+        old = _logprobs(model, tokens)
+    model.zero_grad_buffer()
+    optimizer.zero_grad()
+    ratio = torch.exp(_logprobs(model, tokens) - old)
+    loss = -torch.minimum(ratio * advantages, ratio.clamp(0.8, 1.2) * advantages).mean()
+    loss.backward()
+    model.finish_grad_sync()
+    optimizer.step()
+
+
+def _timed(step, warmup: int, iters: int) -> float:
+    for _ in range(warmup):
+        step()
+    _sync()
+    start = time.perf_counter()
+    for _ in range(iters):
+        step()
+    _sync()
+    return (time.perf_counter() - start) / iters
+
+
+def _measure(shape: Shape, moe: bool, spec: str, args) -> dict:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, optimizer = _build(shape, moe, spec)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    tokens = torch.randint(0, shape.vocab, (shape.batch, shape.seq + 1), generator=gen).to(device)
+    advantages = torch.randn(shape.batch, shape.seq, generator=gen).to(device)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    train = _timed(lambda: _train_step(model, optimizer, tokens), args.warmup, args.iters)
+    peak = torch.cuda.max_memory_allocated() / 1e9 if device == "cuda" else float("nan")
+    rl = _timed(lambda: _rl_step(model, optimizer, tokens, advantages), args.warmup, args.iters)
+    row = dict(
+        model="MoE" if moe else "dense",
+        spec=spec,
+        total=_params(model, active=False),
+        active=_params(model, active=True, shape=shape),
+        train_s=train,
+        rl_s=rl,
+        peak_gb=peak,
+        tokens=shape.batch * shape.seq,
+        attn_flops=6 * shape.layers * shape.seq * shape.hidden,
+    )
+    del model, optimizer
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return row
+
+
+def _params(model, *, active: bool, shape: Shape | None = None) -> int:
+    total = 0
+    for name, p in model.named_parameters():
+        if active and "local_experts" in name:
+            total += p.numel() * shape.topk // shape.experts
+        else:
+            total += p.numel()
+    return total
+
+
+def _mfu(row: dict, seconds: float, per_param: int, peak_tflops: float) -> tuple[float, float]:
+    flops_per_token = per_param * row["active"] + per_param / 6 * row["attn_flops"]
+    tokens_per_s = row["tokens"] / seconds
+    return tokens_per_s, tokens_per_s * flops_per_token / (peak_tflops * 1e12)
+
+
+def _row(row: dict, peak_tflops: float = 989.0) -> str:
+    tps, mfu = _mfu(row, row["train_s"], 6, peak_tflops)
+    rl_tps, rl_mfu = _mfu(row, row["rl_s"], 8, peak_tflops)
+    return (
+        f"| {row['model']} {row['total'] / 1e6:.0f}M ({row['active'] / 1e6:.0f}M active) | {row['spec']} "
+        f"| {tps / 1e3:.1f}k | {100 * mfu:.1f}% | {row['peak_gb']:.1f} GB | {rl_tps / 1e3:.1f}k | {100 * rl_mfu:.1f}% |"
+    )
+
+
+def _print_table(rows: list[dict], peak_tflops: float) -> None:
+    print(f"\n| model | spec | train tokens/s | train MFU (of {peak_tflops:.0f}) | peak memory | RL step tokens/s | RL MFU |")
+    print("|---|---|---|---|---|---|---|")
+    for row in rows:
+        print(_row(row, peak_tflops))
+    for local, fast in zip(rows[::2], rows[1::2]):
+        print(
+            f"{fast['model']}: fast/local train x{local['train_s'] / fast['train_s']:.2f}, "
+            f"RL step x{local['rl_s'] / fast['rl_s']:.2f}, peak memory x{fast['peak_gb'] / local['peak_gb']:.2f}"
+        )
+
+
+def _profile(shape: Shape, args) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, optimizer = _build(shape, True, "fast")
+    tokens = torch.randint(0, shape.vocab, (shape.batch, shape.seq + 1), device=device)
+    for _ in range(args.warmup):
+        _train_step(model, optimizer, tokens)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        _train_step(model, optimizer, tokens)
+        _sync()
+    sort = "cuda_time_total" if device == "cuda" else "cpu_time_total"
+    print("\nfast MoE train step, torch profiler, top kernels/ops:")
+    print(prof.key_averages().table(sort_by=sort, row_limit=30, max_name_column_width=60))
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
