@@ -28,7 +28,7 @@ class TrainerLayout:
     """Trainer parallel sizes plus the model facts placement needs."""
 
     num_layers: int
-    """Decoder layers in the model (split evenly and contiguously over pipeline stages)."""
+    """Decoder layers in the model (split contiguously over pipeline stages, as evenly as possible)."""
     tp: int = 1
     """Tensor-parallel size."""
     pp: int = 1
@@ -44,8 +44,8 @@ class TrainerLayout:
         for key in ("num_layers", "tp", "pp", "dp", "ep"):
             if getattr(self, key) < 1:
                 raise ValueError(f"weight_transfer.layout.{key}={getattr(self, key)}: must be >= 1")
-        if self.num_layers % self.pp:
-            raise ValueError(f"weight_transfer.layout.pp={self.pp}: must divide num_layers={self.num_layers}")
+        if self.pp > self.num_layers:
+            raise ValueError(f"weight_transfer.layout.pp={self.pp}: more stages than num_layers={self.num_layers}")
         if self.dp % self.ep:
             raise ValueError(f"weight_transfer.layout.ep={self.ep}: must divide dp={self.dp}")
         if self.ep > 1 and (self.num_experts == 0 or self.num_experts % self.ep):
@@ -62,7 +62,7 @@ class TrainerLayout:
         """Pipeline stage holding ``name``: its layer's stage; embeddings first, final norm and head last."""
         layer = _LAYER.search(name)
         if layer:
-            return int(layer.group(1)) // (self.num_layers // self.pp)
+            return int(layer.group(1)) * self.pp // self.num_layers
         return 0 if "embed_tokens" in name else self.pp - 1
 
     def expert_rank_of(self, name: str) -> int:

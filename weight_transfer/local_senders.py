@@ -16,21 +16,21 @@ from weight_transfer.transports import TransportError, make_sender
 WeightsFn = Callable[[int, int], Iterable[tuple[str, torch.Tensor]]]
 
 
-def _serve(conn, plan_json: str, rank: int, weights_fn: WeightsFn, wrap) -> None:
-    plan, transport = TransferPlan.from_json(plan_json), None
+def _serve(conn, plan_json: str, rank: int, weights_fn: WeightsFn, wrap, device: str) -> None:
+    plan, transport, device = TransferPlan.from_json(plan_json), None, torch.device(device)
     while True:
         command, *args = conn.recv()
         try:
             if command == "connect":
                 if transport is not None:
                     transport.close()
-                transport = make_sender(args[0], rank, torch.device("cpu"))
+                transport = make_sender(args[0], rank, device)
                 transport = wrap(transport) if wrap else transport
                 conn.send(("ok", None))
             elif command == "send":
                 version, digests = args
                 conn.send(("ok", send_weights(plan, rank, weights_fn(rank, version), transport, version,
-                                              torch.device("cpu"), digests)))
+                                              device, digests)))
             elif command == "release":
                 transport.release(args[0])
                 conn.send(("ok", None))
@@ -44,17 +44,18 @@ def _serve(conn, plan_json: str, rank: int, weights_fn: WeightsFn, wrap) -> None
 
 
 class LocalSenders:
-    """One spawned process per sender rank of ``plan``; a dead process is replaced on the next ``connect``.
+    """One spawned process per sender rank of ``plan`` (buffers on ``device``); a dead process is replaced
+    on the next ``connect``.
     ``wrap(transport)`` may wrap each rank's transport (e.g. to trace, or to inject faults in tests)."""
 
-    def __init__(self, plan: TransferPlan, weights_fn: WeightsFn, wrap=None):
-        self.plan, self.weights_fn, self.wrap = plan, weights_fn, wrap
+    def __init__(self, plan: TransferPlan, weights_fn: WeightsFn, wrap=None, device: str = "cpu"):
+        self.plan, self.weights_fn, self.wrap, self.device = plan, weights_fn, wrap, device
         self.ctx = mp.get_context("spawn")
         self.procs: dict[int, tuple] = {}
 
     def _spawn(self, rank: int) -> None:
         parent, child = self.ctx.Pipe()
-        proc = self.ctx.Process(target=_serve, args=(child, self.plan.to_json(), rank, self.weights_fn, self.wrap),
+        proc = self.ctx.Process(target=_serve, args=(child, self.plan.to_json(), rank, self.weights_fn, self.wrap, self.device),
                                 daemon=True, name=f"wt-sender-{rank}")
         proc.start()
         self.procs[rank] = (proc, parent)

@@ -94,7 +94,7 @@ def test_duplicate_names_and_bad_layouts_are_refused():
     with pytest.raises(ValueError, match="duplicate"):
         TransferPlan.build(moe_specs()[:1] * 2, TrainerLayout(num_layers=4), 1024)
     with pytest.raises(ValueError, match="weight_transfer.layout.pp"):
-        TrainerLayout(num_layers=3, pp=2)
+        TrainerLayout(num_layers=3, pp=4)
     with pytest.raises(ValueError, match="weight_transfer.layout.ep"):
         TrainerLayout(num_layers=2, dp=2, ep=2, num_experts=3)
 

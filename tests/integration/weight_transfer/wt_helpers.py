@@ -35,14 +35,18 @@ def perturbed(model_dir: Path, seed: int) -> dict[str, torch.Tensor]:
 
 class PerturbedWeights:
     """``weights_fn`` for LocalSenders: version v yields the checkpoint perturbed with seed v.
-    ``die_at=(version, after)`` makes the sender process exit after yielding ``after`` tensors of that version."""
+    ``die_at=(version, after)`` makes the sender process exit after yielding ``after`` tensors of that version;
+    ``delay_s`` slows each tensor; ``started`` is a file created once yielding begins."""
 
-    def __init__(self, model_dir: Path, die_at: tuple[int, int] | None = None, delay_s: float = 0.0):
-        self.model_dir, self.die_at, self.delay_s = Path(model_dir), die_at, delay_s
+    def __init__(self, model_dir: Path, die_at: tuple[int, int] | None = None, delay_s: float = 0.0,
+                 started: str | None = None):
+        self.model_dir, self.die_at, self.delay_s, self.started = Path(model_dir), die_at, delay_s, started
 
     def __call__(self, rank: int, version: int):
         import time
 
+        if self.started:
+            Path(self.started).touch()
         for i, pair in enumerate(perturbed(self.model_dir, version).items()):
             if self.die_at and self.die_at == (version, i):
                 os._exit(3)
@@ -62,6 +66,11 @@ def make_llm(model_dir: Path):
 
     return LLM(str(model_dir), dtype="float32", enforce_eager=True, max_model_len=256, seed=0,
                kv_cache_memory_bytes=1 << 26, worker_extension_cls=RECEIVER)
+
+
+def close_llm(llm) -> None:
+    """Stop the engine's processes now rather than at interpreter exit."""
+    llm.llm_engine.engine_core.shutdown()
 
 
 def vllm_logprobs(llm) -> list[torch.Tensor]:
@@ -91,3 +100,25 @@ def hf_logprobs(model_dir: Path, tensors: dict[str, torch.Tensor], scratch: Path
 
 def max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return max((x - y).abs().max().item() for x, y in zip(a, b))
+
+
+class FlipFirstSend:
+    """Wraps a sender transport so the first bucket this process sends has one byte flipped after its
+    checksum was taken (a corrupted link); later sends are clean."""
+
+    def __init__(self, inner):
+        self.inner, self.flipped = inner, False
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def send(self, version, bucket, flat):
+        if not self.flipped:
+            flat[bucket.nbytes // 2] ^= 0x5A
+            self.flipped = True
+        self.inner.send(version, bucket, flat)
+
+
+def flip_rank0(transport):
+    """``wrap`` for LocalSenders: corrupt only the transport of the process that sends bucket 0."""
+    return FlipFirstSend(transport)
