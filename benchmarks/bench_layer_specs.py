@@ -129,7 +129,9 @@ def _build(shape: Shape, moe: bool, spec_name: str):
         model.cuda()
     ddp = DistributedDataParallel(config, DistributedDataParallelConfig(grad_reduce_in_fp32=True), model)
     optimizer = get_megatron_optimizer(
-        OptimizerConfig(optimizer="adam", lr=1e-6, bf16=config.bf16, use_distributed_optimizer=False), [ddp]
+        OptimizerConfig(optimizer="adam", lr=1e-6, bf16=config.bf16, use_distributed_optimizer=False),
+        [ddp],
+        use_gloo_process_groups=not torch.cuda.is_available(),  # parallel.groups makes gloo groups on CPU only
     )
     return ddp, optimizer
 
