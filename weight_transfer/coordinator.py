@@ -117,7 +117,7 @@ class WeightTransferCoordinator:
         session = new_session(self.config, self.plan, sum(workers.values()))
         bases = [1 + sum(workers[t.name] for t in targets[:i]) for i in range(len(targets))]
         calls = [lambda: self.senders.connect(session)] + [
-            (lambda r=r, b=b: r.call("wt_init_transport", {"session": session, "rank_base": b}, self.config.timeout_s))
+            (lambda r=r, b=b: r.call("wt_init_transport", {"session": session, "rank_base": b}, self._rpc_timeout))
             for r, b in zip(targets, bases)]
         outcomes = _run_all(calls)
         if isinstance(outcomes[0], Exception):
@@ -133,7 +133,7 @@ class WeightTransferCoordinator:
         digests = self.config.verify == "tensor_equality"
         receive = {"version": version, "plan": self.plan.fingerprint}
         calls = [lambda: self.senders.send(version, digests)] + [
-            (lambda r=r: r.call("wt_receive", receive, self.config.timeout_s)) for r in targets]
+            (lambda r=r: r.call("wt_receive", receive, self._rpc_timeout)) for r in targets]
         sent, *received = _run_all(calls)
         if isinstance(sent, Exception):
             result.sender_error = f"{type(sent).__name__}: {sent}"
@@ -151,7 +151,7 @@ class WeightTransferCoordinator:
     def _finish(self, version: int, ready: list[Replica], sent: dict, result: _Attempt) -> None:
         expected = {str(k): v for k, v in sent["buckets"].items()}
         msg = {"version": version, "expected": expected, "digests": bool(sent["tensors"])}
-        answers = _run_all([(lambda r=r: r.call("wt_finish", msg, self.config.timeout_s)) for r in ready])
+        answers = _run_all([(lambda r=r: r.call("wt_finish", msg, self._rpc_timeout)) for r in ready])
         for replica, answer in zip(ready, answers):
             error = self._check_report(version, answer, expected, sent["tensors"])
             if error:
@@ -174,6 +174,11 @@ class WeightTransferCoordinator:
             if wrong:
                 return f"worker {worker}: tensors differ after transfer: {wrong[:10]}"
         return None
+
+    @property
+    def _rpc_timeout(self) -> float:
+        """RPC limit for blocking receiver calls: longer than the transport's own, so the transport names the fault."""
+        return 2 * self.config.timeout_s + 30
 
     def _live(self) -> list[Replica]:
         return [r for r in self.replicas if r.name not in self.quarantined]
