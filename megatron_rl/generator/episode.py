@@ -1,0 +1,159 @@
+"""One trajectory's rollout: sample a turn, let the environment act, append its observation, repeat."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from correction.routing_replay import RoutedExperts
+from megatron_rl.contracts import PromptItem, Trajectory, TrajectoryId
+from megatron_rl.envs.base import TaskBug
+from megatron_rl.generator.chat import ChatRenderer
+from megatron_rl.generator.config import GeneratorConfig
+from megatron_rl.inference.types import GenerationRequest, GenerationResult, SamplingParams
+
+
+class EnvFailure(RuntimeError):
+    """The environment raised or timed out: the rollout is retried from the start."""
+
+
+@dataclass
+class EpisodeState:
+    """The growing token arrays of one episode; observations carry mask 0 and log-prob 0."""
+
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    timing: dict[str, float] = field(default_factory=lambda: {"llm": 0.0, "env": 0.0})
+    experts: list | None = None
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+    def add_action(self, result: GenerationResult, version: int) -> None:
+        n = len(result.token_ids)
+        self.response_ids += result.token_ids
+        self.loss_mask += [1] * n
+        self.logprobs += result.logprobs
+        self.versions += [version] * n
+        self.rewards += [0.0] * n
+        self.experts = result.routed_experts
+
+    def add_observation(self, ids: list[int], version: int) -> None:
+        self.response_ids += ids
+        self.loss_mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+        self.versions += [version] * len(ids)
+        self.rewards += [0.0] * len(ids)
+
+
+@dataclass
+class EpisodeContext:
+    """What every episode of a batch shares."""
+
+    fleet: object
+    """Has ``async generate(GenerationRequest) -> GenerationResult``."""
+    renderers: dict[str, ChatRenderer]
+    """One renderer per env class (each renders its own tools in the system turn)."""
+    config: GeneratorConfig
+    temperature: float
+    step: int
+    policy_version: int
+    """The version the fleet serves at the start, for a fleet that does not tag its replies."""
+    num_experts: int | None = None
+    """MoE only: experts per layer, to validate routed-expert records."""
+
+
+async def _env_call(ctx: EpisodeContext, state: EpisodeState, fn, *args):
+    start = time.perf_counter()
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(fn, *args), ctx.config.env_timeout_s)
+    except TaskBug:
+        raise  # a broken task is not retried: the step stops with the environment's message
+    except asyncio.TimeoutError:
+        raise EnvFailure(f"{getattr(fn, '__qualname__', fn)} timed out after {ctx.config.env_timeout_s}s") from None
+    except Exception as err:  # an environment's own error: retried as a fresh sample
+        raise EnvFailure(f"{type(err).__name__}: {err}") from err
+    finally:
+        state.timing["env"] += time.perf_counter() - start
+
+
+async def _sample(ctx: EpisodeContext, state: EpisodeState, tid: TrajectoryId) -> GenerationResult:
+    cfg = ctx.config
+    budget = cfg.max_input_length - state.length
+    params = SamplingParams(max_tokens=min(cfg.max_tokens_per_turn, budget), temperature=ctx.temperature, top_p=cfg.top_p)
+    start = time.perf_counter()
+    result = await ctx.fleet.generate(
+        GenerationRequest(state.prompt_ids + state.response_ids, params, session_id=str(tid))
+    )
+    state.timing["llm"] += time.perf_counter() - start
+    return result
+
+
+async def run_episode(ctx: EpisodeContext, item: PromptItem, env, tid: TrajectoryId) -> Trajectory:
+    """Roll out one episode against ``env`` (already built for ``item``); raises EnvFailure."""
+    state = EpisodeState(prompt_ids=[])
+    renderer = ctx.renderers[item.env_class]
+    messages, _ = await _env_call(ctx, state, env.init, item.prompt)
+    state.prompt_ids = renderer.prompt_ids(messages)
+    if state.length >= ctx.config.max_input_length:
+        raise ValueError(
+            f"trajectory {tid}: prompt of {state.length} tokens leaves no room under generator.max_input_length; "
+            "filter long prompts (data.max_prompt_length)"
+        )
+    stop_reason = "max_turns"
+    for turn in range(ctx.config.max_turns):
+        result = await _sample(ctx, state, tid)
+        version = _version(result, ctx)
+        state.add_action(result, version)
+        step = await _env_call(ctx, state, env.step, renderer.decode(result.token_ids))
+        state.rewards[-1] += step.reward or 0.0
+        if step.done or result.stop_reason == "abort":
+            stop_reason = "stop" if result.stop_reason == "stop" else result.stop_reason
+            break
+        if turn + 1 == ctx.config.max_turns:
+            break
+        # A turn cut at max_tokens has no end-of-turn token: the template's one is appended (mask 0,
+        # it was not sampled) so the observation turn renders as it would after a finished reply.
+        closing = [] if result.token_ids[-1:] == [renderer.eos_id] else [renderer.eos_id]
+        obs_ids = closing + renderer.observation_ids(step.observations)
+        if state.length + len(obs_ids) >= ctx.config.max_input_length:
+            stop_reason = "max_input_length"
+            break
+        state.add_observation(obs_ids, version)
+    return _trajectory(ctx, tid, state, stop_reason, env)
+
+
+def _version(result: GenerationResult, ctx: EpisodeContext) -> int:
+    tag = result.weight_version
+    return int(tag) if tag is not None and tag.isdigit() else ctx.policy_version
+
+
+def _trajectory(ctx: EpisodeContext, tid: TrajectoryId, state: EpisodeState, stop_reason: str, env) -> Trajectory:
+    experts = None
+    if state.experts is not None and ctx.num_experts:
+        experts = RoutedExperts(torch.tensor(state.experts, dtype=torch.long), ctx.num_experts)
+        if experts.num_tokens != state.length:  # a trailing observation has no routing: not replayable
+            experts = None
+    return Trajectory(
+        trajectory_id=tid,
+        prompt_token_ids=state.prompt_ids,
+        response_ids=state.response_ids,
+        loss_mask=state.loss_mask,
+        rewards=state.rewards,
+        rollout_logprobs=state.logprobs,
+        policy_versions=state.versions,
+        group_step=ctx.step,
+        stop_reason=stop_reason,
+        timing=state.timing,
+        env_metrics=dict(getattr(env, "metrics", {}) or {}),
+        routed_experts=experts,
+    )
+
