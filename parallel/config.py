@@ -1,0 +1,134 @@
+"""Trainer settings (``trainer.*``): parallel layout, precision, micro-batching, optimizer, schedule."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+_DTYPES = ("float32", "bfloat16")
+
+
+def _require(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ValueError(f"{key}: {message}")
+
+
+@dataclass
+class ParallelConfig:
+    """How ranks split the model (``trainer.parallel``); data parallel takes the remaining ranks."""
+
+    tensor_model_parallel_size: int = 1
+    """Ranks that split each layer's matrices (attention heads, MLP columns, vocabulary)."""
+    pipeline_model_parallel_size: int = 1
+    """Ranks that split the layers into consecutive stages."""
+    expert_model_parallel_size: int = 1
+    """Ranks that split the experts of each MoE layer."""
+    expert_tensor_parallel_size: int | None = None
+    """Ranks that split each expert's matrices; None means the tensor-parallel size."""
+    seed: int = 1234
+    """Seed of the model-parallel RNG tracker."""
+
+    def __post_init__(self) -> None:
+        key = "trainer.parallel"
+        for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size"):
+            value = getattr(self, name)
+            _require(value >= 1, f"{key}.{name}", f"must be >= 1, got {value}")
+        if self.expert_tensor_parallel_size is not None:
+            _require(self.expert_tensor_parallel_size >= 1, f"{key}.expert_tensor_parallel_size", "must be >= 1 or null")
+
+    def model_parallel_size(self) -> int:
+        """Ranks holding one copy of the dense model."""
+        return self.tensor_model_parallel_size * self.pipeline_model_parallel_size
+
+    def check_world(self, world_size: int) -> None:
+        """Raise unless ``world_size`` ranks fit this layout."""
+        mp = self.model_parallel_size()
+        _require(
+            world_size % mp == 0,
+            "trainer.parallel",
+            f"world size {world_size} is not a multiple of tensor x pipeline = {mp}; change the sizes or the ranks",
+        )
+        etp = self.expert_tensor_parallel_size or self.tensor_model_parallel_size
+        expert_mp = etp * self.expert_model_parallel_size * self.pipeline_model_parallel_size
+        _require(
+            world_size % expert_mp == 0,
+            "trainer.parallel.expert_model_parallel_size",
+            f"world size {world_size} is not a multiple of expert tensor x expert x pipeline = {expert_mp}",
+        )
+
+
+@dataclass
+class OptimizerConfig:
+    """Adam with decoupled weight decay, megatron's distributed optimizer (``trainer.optimizer``)."""
+
+    lr: float = 1e-6
+    """Peak learning rate."""
+    min_lr: float = 0.0
+    """Learning rate at the end of the decay."""
+    lr_warmup_steps: int = 0
+    """Linear warm-up steps from 0 to ``lr``."""
+    lr_decay_steps: int | None = None
+    """Steps of decay after warm-up; None keeps ``lr`` constant."""
+    lr_decay_style: str = "constant"
+    """constant, linear or cosine."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay."""
+    adam_beta1: float = 0.9
+    """Adam beta1."""
+    adam_beta2: float = 0.999
+    """Adam beta2."""
+    adam_eps: float = 1e-8
+    """Adam epsilon."""
+    clip_grad: float = 1.0
+    """Global gradient-norm clip; 0 disables clipping."""
+    use_distributed_optimizer: bool = True
+    """Shard optimizer state over data-parallel ranks (ZeRO-1)."""
+
+    def __post_init__(self) -> None:
+        key = "trainer.optimizer"
+        _require(self.lr > 0, f"{key}.lr", f"must be > 0, got {self.lr}")
+        _require(0 <= self.min_lr <= self.lr, f"{key}.min_lr", f"must lie in [0, lr={self.lr}], got {self.min_lr}")
+        _require(self.lr_warmup_steps >= 0, f"{key}.lr_warmup_steps", "must be >= 0")
+        _require(
+            self.lr_decay_style in ("constant", "linear", "cosine"),
+            f"{key}.lr_decay_style",
+            f"unknown {self.lr_decay_style!r}; known: constant, linear, cosine",
+        )
+        if self.lr_decay_style != "constant":
+            _require(
+                self.lr_decay_steps is not None and self.lr_decay_steps > 0,
+                f"{key}.lr_decay_steps",
+                f"must be > 0 with lr_decay_style={self.lr_decay_style}",
+            )
+        _require(self.clip_grad >= 0, f"{key}.clip_grad", f"must be >= 0, got {self.clip_grad}")
+        _require(self.weight_decay >= 0, f"{key}.weight_decay", f"must be >= 0, got {self.weight_decay}")
+
+
+@dataclass
+class TrainerConfig:
+    """The Megatron policy worker (``trainer``)."""
+
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """Parallel layout."""
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """Optimizer and learning-rate schedule."""
+    dtype: str = "float32"
+    """Parameter and compute dtype: float32 or bfloat16 (optimizer master weights stay float32)."""
+    max_tokens_per_micro_batch: int = 8192
+    """Dynamic batching: padded tokens (rows x longest row) per micro-batch per rank."""
+    use_transformer_engine: bool | None = None
+    """Layer spec: True for Transformer Engine, False for local modules, None for TE when it imports."""
+    attention_backend: str = "sdpa"
+    """Core attention of the local spec: sdpa (torch scaled_dot_product_attention) or local."""
+
+    def __post_init__(self) -> None:
+        _require(self.dtype in _DTYPES, "trainer.dtype", f"{self.dtype!r} is not one of {_DTYPES}")
+        _require(
+            self.max_tokens_per_micro_batch > 0,
+            "trainer.max_tokens_per_micro_batch",
+            f"must be > 0, got {self.max_tokens_per_micro_batch}",
+        )
+        _require(
+            self.attention_backend in ("sdpa", "local"),
+            "trainer.attention_backend",
+            f"unknown {self.attention_backend!r}; known: sdpa, local",
+        )

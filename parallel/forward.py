@@ -1,0 +1,81 @@
+"""Run micro-batches through megatron's pipeline schedule (any TP/PP/EP), forward-only or with backward."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
+
+from parallel.device import device
+
+
+@dataclass
+class MicroBatch:
+    """Right-padded rows of one micro-batch and the per-token tensors the loss needs."""
+
+    rows: list[int]
+    """Row indices into the full batch (empty for a filler micro-batch)."""
+    input_ids: torch.Tensor
+    """``[b, s]`` token ids."""
+    tensors: dict[str, torch.Tensor | None] = field(default_factory=dict)
+    """Per-token ``[b, s]`` tensors (loss mask, advantages, ...), aligned with ``input_ids``."""
+    routing: torch.Tensor | None = None
+    """Experts to replay, ``[b, s, num_moe_layers, topk]``, or None to route freely."""
+
+
+def causal_mask(seq_len: int) -> torch.Tensor:
+    """``[1, 1, s, s]`` bool, True where attention is masked out (megatron's convention)."""
+    return torch.triu(torch.ones(seq_len, seq_len, dtype=torch.bool, device=device()), diagonal=1)[None, None]
+
+
+LossFn = Callable[[MicroBatch, torch.Tensor], tuple[torch.Tensor, dict]]
+"""``(micro_batch, output of the last stage) -> (loss, reduced dict)``."""
+
+
+def run_schedule(
+    model,
+    micro_batches: list[MicroBatch],
+    loss_fn: LossFn,
+    *,
+    forward_only: bool,
+    before_forward: Callable[[MicroBatch], None] | None = None,
+    pg_collection,
+) -> list[dict]:
+    """Forward (and backward) every micro-batch; on the last pipeline stage, each loss_fn's dict."""
+    seq_len = max(mb.input_ids.shape[1] for mb in micro_batches)
+    rows = max(mb.input_ids.shape[0] for mb in micro_batches)
+
+    def forward_step(data_iterator, model_chunk):
+        mb = next(data_iterator)
+        ids = mb.input_ids.to(device())
+        positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+        if before_forward is not None:
+            before_forward(mb)
+        output = model_chunk(ids, positions, causal_mask(ids.shape[1]))
+        return output, lambda out: loss_fn(mb, out)
+
+    pp = pg_collection.pp
+    extra = {}
+    if pp.size() > 1:
+        extra["p2p_communicator"] = P2PCommunicator(pp_group=pp, config=model_config(model))
+    return get_forward_backward_func(pp_size=pp.size())(
+        forward_step_func=forward_step,
+        data_iterator=iter(micro_batches),
+        model=[model],
+        num_microbatches=len(micro_batches),
+        seq_length=seq_len,
+        micro_batch_size=rows,
+        forward_only=forward_only,
+        pg_collection=pg_collection,
+        **extra,
+    )
+
+
+def model_config(model):
+    """The TransformerConfig of a (possibly wrapped) megatron model."""
+    from megatron.core.utils import get_model_config
+
+    return get_model_config(model)

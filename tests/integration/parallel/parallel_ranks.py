@@ -1,0 +1,65 @@
+"""Rank functions the parallel integration tests spawn (top level, so spawn can pickle them)."""
+
+from __future__ import annotations
+
+import torch
+
+from parallel.config import ParallelConfig, TrainerConfig
+
+
+def enable_cpu() -> None:
+    """First thing in a rank: the CPU layer must be in place before megatron-core is imported."""
+    from parallel import cpu_compat
+
+    cpu_compat.enable()
+
+
+def batch_of(ids: list[list[int]], prompt_len: int = 2):
+    """A TrainingBatch of right-padded rows with every response token in the loss."""
+    from megatron_rl.contracts import TrainingBatch
+
+    width = max(len(r) for r in ids)
+    rows = len(ids)
+    input_ids = torch.zeros(rows, width, dtype=torch.long)
+    attn = torch.zeros(rows, width)
+    for b, r in enumerate(ids):
+        input_ids[b, : len(r)] = torch.tensor(r)
+        attn[b, : len(r)] = 1
+    loss = attn.clone()
+    loss[:, :prompt_len] = 0
+    return TrainingBatch(
+        input_ids=input_ids,
+        attention_mask=attn,
+        loss_mask=loss,
+        advantages=torch.zeros(rows, width),
+        rollout_logprobs=torch.zeros(rows, width),
+        group_ids=torch.arange(rows),
+        trajectory_ids=[f"t{b}" for b in range(rows)],
+        prompt_lengths=torch.full((rows,), prompt_len),
+    )
+
+
+def trainer_config(tp=1, pp=1, ep=1, **kw) -> TrainerConfig:
+    return TrainerConfig(
+        parallel=ParallelConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, expert_model_parallel_size=ep),
+        **kw,
+    )
+
+
+def logprobs_rank(rank, world, init_method, cases, batch):
+    """For each (hf_dir, cfg) in ``cases`` (one layout): (log-probs, entropy, exported HF tensors)."""
+    enable_cpu()
+    from parallel.groups import init_distributed
+    from parallel.logprob_pass import compute_logprobs
+    from parallel.provider import build_model
+    from parallel.weights.hf_export import iter_hf_weights
+    from parallel.weights.hf_import import load_hf_weights
+
+    pgs = init_distributed(cases[0][1].parallel, rank, world, init_method)
+    out = []
+    for hf_dir, cfg in cases:
+        model = build_model(hf_dir, cfg, pgs)
+        load_hf_weights(model, hf_dir, pgs)
+        logp, ent = compute_logprobs(model, batch, cfg.max_tokens_per_micro_batch, pgs)
+        out.append((logp, ent, dict(iter_hf_weights(model, pgs))))
+    return out
