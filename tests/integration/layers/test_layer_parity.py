@@ -20,6 +20,9 @@ def _check_parity(rank: int, *, moe: bool, tp: int = 1, ep: int = 1) -> None:
     expected = logprobs(local, inputs, labels, attention_mask=causal_mask(SEQ))
     got = logprobs(fast, inputs, labels)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+    with torch.no_grad():  # the explicit-mask path (SDPA attn_mask) agrees too
+        masked = logprobs(fast, inputs, labels, attention_mask=causal_mask(SEQ))
+    torch.testing.assert_close(masked, expected.detach(), rtol=0, atol=1e-5)
     (expected * weights).sum().backward()
     (got * weights).sum().backward()
     want, have = grads(local), grads(fast)
