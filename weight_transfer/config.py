@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Literal
 
 PAUSE_MODES = ("keep", "abort", "wait")
@@ -44,27 +44,50 @@ TransportConfig = BroadcastConfig | SharedMemoryConfig | CudaIpcConfig
 _TRANSPORTS = {"broadcast": BroadcastConfig, "shared_memory": SharedMemoryConfig, "cuda_ipc": CudaIpcConfig}
 
 
-def transport_config(raw: dict | TransportConfig) -> TransportConfig:
-    """Build the transport config from a dict by its ``type`` key (named in the error when unknown)."""
-    if not isinstance(raw, dict):
+@dataclass
+class TransportSpec:
+    """``weight_transfer.transport`` as a recipe or the command line writes it: the ``type`` and every
+    transport's options (Hydra cannot hold a union of configs); resolved to the typed config of ``type``."""
+
+    type: str = "broadcast"
+    """broadcast, shared_memory or cuda_ipc."""
+    master_addr: str = "127.0.0.1"
+    """broadcast: address of the sender ranks' rendezvous stores, as the inference workers reach it."""
+    backend: str = "auto"
+    """broadcast: auto (nccl for CUDA buffers, else gloo), gloo or nccl."""
+    dir: str = "/dev/shm"
+    """shared_memory: RAM-backed folder for bucket files."""
+
+
+def transport_config(raw: dict | TransportSpec | TransportConfig) -> TransportConfig:
+    """The typed transport config chosen by ``type`` (named in the error when unknown)."""
+    if not isinstance(raw, (dict, TransportSpec)):
         return raw
-    kind = raw.get("type")
+    options = asdict(raw) if isinstance(raw, TransportSpec) else dict(raw)
+    kind = options.get("type")
     if kind not in _TRANSPORTS:
         raise ValueError(f"weight_transfer.transport.type={kind!r}: use one of {sorted(_TRANSPORTS)}")
-    return _TRANSPORTS[kind](**raw)
+    cls = _TRANSPORTS[kind]
+    own = {f.name for f in fields(cls)}
+    if isinstance(raw, TransportSpec):  # the other transports' options do not apply
+        options = {k: v for k, v in options.items() if k in own}
+    unknown = sorted(set(options) - own)
+    if unknown:
+        raise ValueError(f"weight_transfer.transport.{unknown[0]}: not an option of type={kind}; options: {sorted(own)}")
+    return cls(**options)
 
 
 @dataclass
 class WeightTransferConfig:
     """How trainer weights reach the inference fleet after each update."""
 
-    transport: TransportConfig = field(default_factory=BroadcastConfig)
+    transport: TransportSpec = field(default_factory=TransportSpec)
     """Transport strategy, chosen by its ``type``: broadcast, shared_memory or cuda_ipc."""
     bucket_size_mb: int = 512
     """Size of one flat bucket in MiB; a larger tensor travels alone in its own bucket."""
-    pause_mode: Literal["keep", "abort", "wait"] = "keep"
+    pause_mode: str = "keep"
     """How generation pauses around the load: keep (freeze, keep KV), abort, or wait (drain)."""
-    verify: Literal["bucket_checksum", "tensor_equality"] = "bucket_checksum"
+    verify: str = "bucket_checksum"
     """bucket_checksum (fast) or tensor_equality (SHA-256 of every tensor, for debugging)."""
     max_retries: int = 2
     """Attempts after the first for a replica whose transfer failed before it is quarantined."""
@@ -72,7 +95,7 @@ class WeightTransferConfig:
     """Time limit of one transport operation (rendezvous, one bucket) before it counts as failed."""
 
     def __post_init__(self):
-        self.transport = transport_config(self.transport)
+        transport_config(self.transport)  # validates; kept as written so the config stays a Hydra schema
         if self.bucket_size_mb <= 0:
             raise ValueError(f"weight_transfer.bucket_size_mb={self.bucket_size_mb}: must be positive")
         if self.pause_mode not in PAUSE_MODES:
@@ -83,6 +106,11 @@ class WeightTransferConfig:
             raise ValueError(f"weight_transfer.max_retries={self.max_retries}: must be >= 0")
         if self.timeout_s <= 0:
             raise ValueError(f"weight_transfer.timeout_s={self.timeout_s}: must be positive")
+
+    @property
+    def resolved_transport(self) -> TransportConfig:
+        """The typed config of the chosen transport."""
+        return transport_config(self.transport)
 
     @property
     def bucket_bytes(self) -> int:

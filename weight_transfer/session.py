@@ -18,7 +18,7 @@ def free_port() -> int:
 
 def new_session(config: WeightTransferConfig, plan: TransferPlan, num_receivers: int) -> dict:
     """A fresh session (new id and ports: a broken one is never reused) for ``num_receivers`` workers."""
-    session = {**asdict(config.transport), "id": uuid.uuid4().hex[:12], "timeout_s": config.timeout_s,
+    session = {**asdict(config.resolved_transport), "id": uuid.uuid4().hex[:12], "timeout_s": config.timeout_s,
                "world_size": 1 + num_receivers, "plan": plan.fingerprint}
     session.setdefault("master_addr", "127.0.0.1")
     session["ports"] = {str(rank): free_port() for rank in plan.senders}

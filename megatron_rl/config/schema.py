@@ -5,7 +5,12 @@ from dataclasses import dataclass, field
 from megatron_rl.algorithms.config import AlgorithmConfig
 from megatron_rl.config.model import ModelConfig
 from megatron_rl.config.run import RunConfig
+from megatron_rl.data.config import DataConfig
 from megatron_rl.generator.config import GeneratorConfig
+from megatron_rl.inference.config import InferenceConfig
+from megatron_rl.schedules.config import ScheduleConfig, SFTConfig
+from parallel.config import TrainerConfig
+from weight_transfer.config import WeightTransferConfig
 
 
 @dataclass
@@ -14,5 +19,13 @@ class TrainConfig:
 
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    envs: dict = field(default_factory=dict)
+    """Per-environment settings, ``envs.<env_class>.<field>`` (each env's own Config dataclass)."""
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    weight_transfer: WeightTransferConfig = field(default_factory=WeightTransferConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)

@@ -32,7 +32,7 @@ def test_config_names_the_bad_key():
         WeightTransferConfig(transport={"type": "carrier_pigeon"})
     with pytest.raises(ValueError, match="weight_transfer.pause_mode"):
         WeightTransferConfig(pause_mode="later")
-    assert WeightTransferConfig(transport={"type": "shared_memory", "dir": "/tmp"}).transport.dir == "/tmp"
+    assert WeightTransferConfig(transport={"type": "shared_memory", "dir": "/tmp"}).resolved_transport.dir == "/tmp"
 
 
 def _plan(tp: int) -> tuple[TransferPlan, dict[str, torch.Tensor]]:

@@ -1,0 +1,61 @@
+"""What a schedule drives: the rooms behind small interfaces, built once per run by ``job.py``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from megatron_rl.config.schema import TrainConfig
+from megatron_rl.contracts import PromptItem, TrainingBatch
+from megatron_rl.data.sampler import PromptSampler
+from megatron_rl.generator.generator import Generator
+from megatron_rl.run_folder import RunFolder
+from megatron_rl.tracking import Tracker
+
+
+class Policy(Protocol):
+    """The trainer (a Megatron worker group)."""
+
+    def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:
+        """``[B, T]`` log-probs of each token given the ones before it, aligned with ``input_ids``."""
+
+    def train_step(self, batch: TrainingBatch) -> dict[str, float]:
+        """One optimizer step over the batch (micro-batched inside); returns its metrics."""
+
+    def save(self, path: Path) -> None: ...
+
+    def load(self, path: Path) -> None: ...
+
+
+class WeightSync(Protocol):
+    """Moves the trainer's weights to every replica and checks each reports ``version``."""
+
+    async def __call__(self, version: int) -> dict[str, float]: ...
+
+
+@dataclass
+class LoopState:
+    """What a checkpoint must hold besides the trainer for a resumed run to continue exactly."""
+
+    step: int = 0
+    """Steps finished."""
+    version: int = 0
+    """Weight version the fleet serves."""
+    data: dict = field(default_factory=dict)
+    """The training prompt sampler's position."""
+
+
+@dataclass
+class Components:
+    config: TrainConfig
+    generator: Generator
+    policy: Policy
+    weight_sync: WeightSync
+    train_data: PromptSampler
+    eval_prompts: list[PromptItem]
+    folder: RunFolder
+    tracker: Tracker
+    pad_token_id: int

@@ -1,0 +1,78 @@
+"""The synchronous schedule: sample with version k, wait for rewards, train, transfer k+1, verify, repeat.
+
+    generate → advantages → old log-probs → update → weight transfer (+ verify) → eval / checkpoint
+"""
+
+from __future__ import annotations
+
+import time
+
+from megatron_rl.checkpoint import save_checkpoint
+from megatron_rl.contracts import GeneratorInput
+from megatron_rl.schedules.batching import to_training_batch
+from megatron_rl.schedules.components import Components, LoopState
+from megatron_rl.schedules.evaluation import evaluate
+
+
+class _Timer:
+    def __init__(self, metrics: dict, name: str):
+        self.metrics, self.name = metrics, name
+
+    def __enter__(self):
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self.metrics[f"timing/{self.name}"] = time.perf_counter() - self.start
+
+
+async def run_sync(c: Components, state: LoopState) -> LoopState:
+    """Train from ``state`` to ``schedule.total_steps``; returns the final state."""
+    cfg = c.config
+    if state.step == 0 and cfg.schedule.eval_every:
+        c.tracker.log(0, await evaluate(c, state))
+    for step in range(state.step, cfg.schedule.total_steps):
+        metrics = await _step(c, state, step)
+        state.step = step + 1
+        state.data = c.train_data.state_dict()
+        if _due(cfg.schedule.eval_every, state.step, cfg.schedule.total_steps):
+            metrics.update(await evaluate(c, state))
+        if _due(cfg.schedule.checkpoint_every, state.step, cfg.schedule.total_steps):
+            save(c, state)
+        c.tracker.log(state.step, metrics)
+    return state
+
+
+async def _step(c: Components, state: LoopState, step: int) -> dict[str, float]:
+    cfg, metrics = c.config, {}
+    start = time.perf_counter()
+    prompts = c.train_data.next_batch(cfg.data.train_batch_size)
+    gi = GeneratorInput(prompts, cfg.generator.n_samples_per_prompt, step, state.version)
+    with _Timer(metrics, "generate"):
+        out = await c.generator.generate(gi)
+    c.folder.log_trajectories(out.trajectories)
+    metrics.update(out.metrics)
+    batch, adv_metrics = to_training_batch(out, cfg.algorithm, c.pad_token_id)
+    metrics.update(adv_metrics)
+    if batch is not None:
+        with _Timer(metrics, "old_logprobs"):
+            batch.old_logprobs = c.policy.compute_logprobs(batch)
+        with _Timer(metrics, "train"):
+            metrics.update(c.policy.train_step(batch))
+        state.version += 1
+        with _Timer(metrics, "weight_sync"):
+            metrics.update(await c.weight_sync(state.version))
+    metrics["timing/step"] = time.perf_counter() - start
+    metrics["policy/weight_version"] = float(state.version)
+    return metrics
+
+
+def _due(every: int, step: int, total: int) -> bool:
+    return bool(every) and (step % every == 0 or step == total)
+
+
+def save(c: Components, state: LoopState) -> None:
+    cfg = c.config
+    save_checkpoint(
+        c.folder.root / "checkpoints", state.step, c.policy.save,
+        {"step": state.step, "version": state.version, "data": state.data}, cfg.schedule.keep_checkpoints,
+    )
