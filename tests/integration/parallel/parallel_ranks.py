@@ -63,3 +63,21 @@ def logprobs_rank(rank, world, init_method, cases, batch):
         logp, ent = compute_logprobs(model, batch, cfg.max_tokens_per_micro_batch, pgs)
         out.append((logp, ent, dict(iter_hf_weights(model, pgs))))
     return out
+
+
+def positive_nll(logp: torch.Tensor, batch) -> float:
+    """Mean negative log-prob of the loss tokens with positive advantage."""
+    pos = batch.loss_mask * (batch.advantages > 0)
+    return float(-(logp * pos).sum() / pos.sum())
+
+
+def train_rank(rank, world, init_method, hf_dir, cfg, algorithm, batch, steps):
+    """Positive-advantage NLL before and after ``steps`` updates on ``batch``; the last metrics."""
+    enable_cpu()
+    from parallel.policy import MegatronPolicy
+
+    policy = MegatronPolicy(hf_dir, cfg, algorithm, rank, world, init_method)
+    before = positive_nll(policy.compute_logprobs(batch)[0], batch)
+    metrics = [policy.train_step(batch) for _ in range(steps)]
+    after = positive_nll(policy.compute_logprobs(batch)[0], batch)
+    return before, after, metrics
