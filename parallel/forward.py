@@ -42,6 +42,7 @@ def run_schedule(
     *,
     forward_only: bool,
     before_forward: Callable[[MicroBatch], None] | None = None,
+    after_forward: Callable[[MicroBatch], None] | None = None,
     pg_collection,
 ) -> list[dict]:
     """Forward (and backward) every micro-batch; on the last pipeline stage, each loss_fn's dict."""
@@ -55,6 +56,8 @@ def run_schedule(
         if before_forward is not None:
             before_forward(mb)
         output = model_chunk(ids, positions, causal_mask(ids.shape[1]))
+        if after_forward is not None:
+            after_forward(mb)
         return output, lambda out: loss_fn(mb, out)
 
     pp = pg_collection.pp

@@ -10,6 +10,7 @@ from parallel.batching import micro_batches
 from parallel.device import device
 from parallel.forward import MicroBatch, run_schedule
 from parallel.logprobs import vocab_parallel_logprobs
+from parallel.routing import RoutingReplay, gather_records
 
 
 def token_logprobs(mb: MicroBatch, logits: torch.Tensor, tp_group, with_entropy: bool = True):
@@ -31,24 +32,36 @@ def _scatter_rows(results, shape) -> tuple[torch.Tensor, torch.Tensor]:
 
 @torch.no_grad()
 def compute_logprobs(
-    model, batch: TrainingBatch, max_tokens: int, pg_collection, before_forward=None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log-probs, entropy), each ``[B, T]`` float32 on CPU, zero where ``attention_mask`` is 0.
+    model, batch: TrainingBatch, max_tokens: int, pg_collection, routing: RoutingReplay | None = None, mode: str = "free"
+):
+    """(log-probs, entropy, routed experts or None); tensors ``[B, T]`` float32 on CPU, zero on padding.
 
-    Every rank returns the whole batch: rows are reduced over data-parallel ranks and sent from
-    the last pipeline stage to the others.
+    ``mode``: ``free`` routes freely, ``replay`` replays ``batch.routed_experts``, ``record`` routes
+    freely and returns each row's experts (R2's old-log-prob pass). Every rank returns the whole
+    batch: rows are reduced over data-parallel ranks and sent from the last pipeline stage.
     """
     pgs = pg_collection
     model.eval()
     mbs = micro_batches(batch, max_tokens, pgs.dp.rank(), pgs.dp.size())
-    results = []
+    results, records = [], []
+    before = after = None
+    if mode == "replay":
+        before = routing.replay
+    elif mode == "record":
+        before = routing.record
+        after = lambda mb: records.append((mb.rows, routing.recorded(mb)))  # noqa: E731
 
     def collect(mb, logits):
         lp, en = token_logprobs(mb, logits, pgs.tp)
         results.append((mb.rows, lp, en))
         return logits.new_zeros(()), {}
 
-    run_schedule(model, mbs, collect, forward_only=True, before_forward=before_forward, pg_collection=pgs)
+    try:
+        run_schedule(model, mbs, collect, forward_only=True, before_forward=before, after_forward=after, pg_collection=pgs)
+    finally:
+        if routing is not None:
+            routing.off()
+    routed = gather_records(records, batch, routing, pgs) if mode == "record" else None
     logp, ent = _scatter_rows(results, tuple(batch.input_ids.shape))
     both = torch.stack([logp, ent])
     if pgs.dp.size() > 1:
@@ -57,4 +70,4 @@ def compute_logprobs(
         last = dist.get_global_rank(pgs.pp, pgs.pp.size() - 1)
         dist.broadcast(both, src=last, group=pgs.pp)
     both = both * batch.attention_mask.to(both.device)
-    return both[0].cpu(), both[1].cpu()
+    return both[0].cpu(), both[1].cpu(), routed

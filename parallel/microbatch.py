@@ -24,18 +24,18 @@ def pack_rows(rows: list[int], lengths: list[int], max_tokens: int) -> list[list
     """Rows grouped so each group's rows x longest row stays within ``max_tokens``.
 
     Rows go longest first, so a group's padding is small; a row longer than the budget gets a
-    group of its own.
+    group of its own. Within a group rows keep batch order.
     """
     groups: list[list[int]] = []
     current: list[int] = []
     for row in sorted(rows, key=lambda r: (-lengths[r], r)):
         width = lengths[current[0]] if current else lengths[row]
         if current and (len(current) + 1) * width > max_tokens:
-            groups.append(current)
+            groups.append(sorted(current))
             current = []
         current.append(row)
     if current:
-        groups.append(current)
+        groups.append(sorted(current))
     return groups
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from correction.routing_replay import RoutingReplayMode
 from megatron_rl.algorithms.config import AlgorithmConfig
 from megatron_rl.contracts import TrainingBatch
 from parallel.config import TrainerConfig
@@ -22,6 +23,7 @@ class MegatronPolicy:
         from parallel.groups import init_distributed
         from parallel.optim import build_optimizer, wrap_ddp
         from parallel.provider import build_model
+        from parallel.routing import RoutingReplay
         from parallel.weights.hf_import import load_hf_weights
 
         self.cfg, self.algorithm, self.hf_dir = cfg, algorithm, str(hf_dir)
@@ -30,20 +32,40 @@ class MegatronPolicy:
         load_hf_weights(model, hf_dir, self.pgs)
         self.model = wrap_ddp(model, cfg, self.pgs)
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg, self.pgs)
+        self.routing = RoutingReplay(self.model) if model.config.num_moe_experts else None
         self.steps = 0
 
-    def compute_logprobs(self, batch: TrainingBatch):
-        """(log-probs, entropy) ``[B, T]`` of the batch's tokens under the current weights."""
+    def _replaying(self, batch: TrainingBatch) -> bool:
+        mode = self.algorithm.routing_replay.mode
+        if RoutingReplayMode(mode).value == "none" or self.routing is None:
+            return False
+        if batch.routed_experts is None:
+            raise ValueError(
+                f"algorithm.routing_replay.mode={mode.value} but the batch has no routed experts "
+                "(r3: the sampler must return them; r2: pass the old-log-prob pass's record)"
+            )
+        return True
+
+    def compute_logprobs(self, batch: TrainingBatch, record_routing: bool = False):
+        """(log-probs, entropy, routed experts) of the batch's tokens under the current weights.
+
+        ``record_routing`` (R2's old-log-prob pass) routes freely and returns each row's experts;
+        otherwise the batch's routed experts are replayed when routing replay is on.
+        """
         from parallel.logprob_pass import compute_logprobs
 
-        return compute_logprobs(self.model, batch, self.cfg.max_tokens_per_micro_batch, self.pgs)
+        if record_routing and self.routing is None:
+            raise ValueError("compute_logprobs(record_routing=True) needs an MoE model")
+        mode = "record" if record_routing else "replay" if self._replaying(batch) else "free"
+        return compute_logprobs(self.model, batch, self.cfg.max_tokens_per_micro_batch, self.pgs, self.routing, mode)
 
     def train_step(self, batch: TrainingBatch) -> dict[str, float]:
         """One optimizer step on the batch; metrics (meaningful on the last pipeline stage)."""
         from parallel.train_step import train_step
 
         metrics = train_step(
-            self.model, self.optimizer, self.scheduler, batch, self.algorithm, self.cfg.max_tokens_per_micro_batch, self.pgs
+            self.model, self.optimizer, self.scheduler, batch, self.algorithm, self.cfg.max_tokens_per_micro_batch,
+            self.pgs, self.routing if self._replaying(batch) else None,
         )
         self.steps += 1
         return metrics

@@ -65,8 +65,13 @@ def _reduce_metrics(per_mb: list[dict], pg_collection) -> dict[str, float]:
     return dict(zip(keys, sums.tolist()))
 
 
-def train_step(model, optimizer, scheduler, batch: TrainingBatch, algo: AlgorithmConfig, max_tokens: int, pg_collection) -> dict[str, float]:
-    """Accumulate gradients over this rank's micro-batches, clip, step; metrics on the last stage."""
+def train_step(
+    model, optimizer, scheduler, batch: TrainingBatch, algo: AlgorithmConfig, max_tokens: int, pg_collection, routing=None
+) -> dict[str, float]:
+    """Accumulate gradients over this rank's micro-batches, clip, step; metrics on the last stage.
+
+    With ``routing`` (a RoutingReplay), every micro-batch replays ``batch.routed_experts``.
+    """
     pgs = pg_collection
     model.train()
     model.zero_grad_buffer()
@@ -83,7 +88,12 @@ def train_step(model, optimizer, scheduler, batch: TrainingBatch, algo: Algorith
         loss, metrics = _micro_batch_loss(mb, logits, algo, pgs.tp, share)
         return loss * undo, metrics
 
-    per_mb = run_schedule(model, mbs, loss_fn, forward_only=False, pg_collection=pgs)
+    before = routing.replay if routing is not None else None
+    try:
+        per_mb = run_schedule(model, mbs, loss_fn, forward_only=False, before_forward=before, pg_collection=pgs)
+    finally:
+        if routing is not None:
+            routing.off()
     ok, grad_norm, _ = optimizer.step()
     if not ok:
         raise RuntimeError("trainer: optimizer step skipped (non-finite gradients)")

@@ -60,7 +60,7 @@ def logprobs_rank(rank, world, init_method, cases, batch):
     for hf_dir, cfg in cases:
         model = build_model(hf_dir, cfg, pgs)
         load_hf_weights(model, hf_dir, pgs)
-        logp, ent = compute_logprobs(model, batch, cfg.max_tokens_per_micro_batch, pgs)
+        logp, ent, _ = compute_logprobs(model, batch, cfg.max_tokens_per_micro_batch, pgs)
         out.append((logp, ent, dict(iter_hf_weights(model, pgs))))
     return out
 
@@ -81,3 +81,53 @@ def train_rank(rank, world, init_method, hf_dir, cfg, algorithm, batch, steps):
     metrics = [policy.train_step(batch) for _ in range(steps)]
     after = positive_nll(policy.compute_logprobs(batch)[0], batch)
     return before, after, metrics
+
+
+def _experts_used(policy):
+    """Hooks on every router that keep the experts each forward actually dispatched to."""
+    from parallel.weights.placement import unwrap
+
+    used = []
+    for layer in unwrap(policy.model).decoder.layers:
+        layer.mlp.router.register_forward_hook(lambda m, i, out, n=layer.layer_number - 1: used.append((n, out[1].clone())))
+    return used
+
+
+def _as_sets(used, rows, width):
+    """layer -> bool routing maps ``[b, s, E]`` from the router hooks of one forward."""
+    return {n: rmap.reshape(width, rows, -1).transpose(0, 1) for n, rmap in used}
+
+
+def replay_rank(rank, world, init_method, hf_dir, cfg, algorithm, batch):
+    """R3/R2 checks on one rank: recorded experts, free routing after a router change, replayed routing."""
+    enable_cpu()
+    from parallel.policy import MegatronPolicy
+    from parallel.weights.placement import unwrap
+
+    policy = MegatronPolicy(hf_dir, cfg, algorithm, rank, world, init_method)
+    _, _, recorded = policy.compute_logprobs(batch, record_routing=True)
+    with torch.no_grad():  # change every router: free routing now picks other experts
+        for layer in unwrap(policy.model).decoder.layers:
+            layer.mlp.router.weight.add_(torch.randn_like(layer.mlp.router.weight) * 0.5)
+    used = _experts_used(policy)
+    free_batch = batch_with(batch, routed_experts=None)
+    mode = policy.algorithm.routing_replay.mode
+    policy.algorithm.routing_replay.mode = type(mode)("none")
+    policy.compute_logprobs(free_batch)
+    free = list(used)
+    used.clear()
+    policy.algorithm.routing_replay.mode = mode
+    replay_batch = batch_with(batch, routed_experts=recorded)
+    policy.compute_logprobs(replay_batch)
+    replayed = list(used)
+    used.clear()
+    metrics = policy.train_step(replay_batch)
+    trained = list(used)
+    rows, width = batch.input_ids.shape
+    return recorded, [_as_sets(x, rows, width) for x in (free, replayed, trained)], metrics
+
+
+def batch_with(batch, **changes):
+    import dataclasses
+
+    return dataclasses.replace(batch, **changes)

@@ -1,0 +1,76 @@
+"""MoE routing replay through megatron-core's ``RouterReplay`` (0.19.2), per model, not global.
+
+R3 replays the experts the sampler chose for each token; R2 records the experts of the trainer's
+old-log-prob pass and replays them in the training pass. Records are ``[b, s, num_moe_layers, topk]``
+per micro-batch; megatron's routers see tokens sequence-major (``[s * b]``), hence the transposes.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from megatron.core.transformer.moe.router_replay import RouterReplayAction
+
+from correction.routing_replay import RoutedExperts
+from parallel.forward import MicroBatch
+from parallel.weights.placement import unwrap
+
+
+class RoutingReplay:
+    """The RouterReplay handles of one model's MoE layers on this rank, by global MoE-layer index."""
+
+    def __init__(self, model):
+        gpt = unwrap(model)
+        self.handles = [
+            (layer.layer_number - 1, layer.mlp.router.router_replay)
+            for layer in gpt.decoder.layers
+            if getattr(getattr(layer.mlp, "router", None), "router_replay", None) is not None
+        ]
+        self.num_layers = gpt.config.num_layers if self.handles or gpt.config.num_moe_experts else 0
+        self.num_experts = gpt.config.num_moe_experts or 0
+        self.topk = gpt.config.moe_router_topk
+
+    def _set(self, action) -> None:
+        for _, handle in self.handles:
+            handle.clear_indices()
+            handle.set_router_replay_action(action) if action else handle.clear_router_replay_action()
+
+    def replay(self, mb: MicroBatch) -> None:
+        """Before a forward: route ``mb``'s tokens to ``mb.routing`` (route freely if it is None)."""
+        if mb.routing is None:
+            self._set(None)
+            return
+        self._set(RouterReplayAction.REPLAY_FORWARD)
+        seq_major = mb.routing.transpose(0, 1)  # [s, b, L, k]
+        for layer, handle in self.handles:
+            handle.set_target_indices(seq_major[:, :, layer].reshape(-1, self.topk).contiguous())
+
+    def record(self, mb: MicroBatch) -> None:
+        """Before a forward: let the routers choose and keep their choices."""
+        self._set(RouterReplayAction.RECORD)
+
+    def recorded(self, mb: MicroBatch) -> torch.Tensor:
+        """After a recording forward: ``[b, s, num_moe_layers, topk]``, zero for other stages' layers."""
+        b, s = mb.input_ids.shape
+        out = torch.zeros(b, s, self.num_layers, self.topk, dtype=torch.long)
+        for layer, handle in self.handles:
+            out[:, :, layer] = handle.get_recorded_indices().reshape(s, b, self.topk).transpose(0, 1).cpu()
+        return out
+
+    def off(self) -> None:
+        """Route freely again and drop held indices."""
+        self._set(None)
+
+
+def gather_records(per_mb: list[tuple[list[int], torch.Tensor]], batch, replay: RoutingReplay, pg_collection) -> list[RoutedExperts]:
+    """Per-row RoutedExperts of a whole batch from this rank's recorded micro-batches."""
+    rows, width = batch.input_ids.shape
+    full = torch.zeros(rows, width, replay.num_layers, replay.topk, dtype=torch.long)
+    for mb_rows, rec in per_mb:
+        if mb_rows:
+            full[mb_rows, : rec.shape[1]] = rec
+    for group in (pg_collection.dp, pg_collection.pp):  # rows split over DP, layers over PP
+        if group.size() > 1:
+            dist.all_reduce(full, group=group)
+    lengths = batch.attention_mask.sum(dim=1).long().tolist()
+    return [RoutedExperts(full[r, : lengths[r]].clone(), replay.num_experts) for r in range(rows)]
