@@ -59,12 +59,16 @@ class MegatronPolicy:
         mode = "record" if record_routing else "replay" if self._replaying(batch) else "free"
         return compute_logprobs(self.model, batch, self.cfg.max_tokens_per_micro_batch, self.pgs, self.routing, mode)
 
-    def train_step(self, batch: TrainingBatch) -> dict[str, float]:
-        """One optimizer step on the batch; metrics (meaningful on the last pipeline stage)."""
+    def train_step(self, batch: TrainingBatch, algorithm: AlgorithmConfig | None = None) -> dict[str, float]:
+        """One optimizer step on the batch; metrics (meaningful on the last pipeline stage).
+
+        ``algorithm`` replaces the policy's own for this step (the SFT warm start's cross-entropy).
+        """
         from parallel.train_step import train_step
 
+        algorithm = algorithm or self.algorithm
         metrics = train_step(
-            self.model, self.optimizer, self.scheduler, batch, self.algorithm, self.cfg.max_tokens_per_micro_batch,
+            self.model, self.optimizer, self.scheduler, batch, algorithm, self.cfg.max_tokens_per_micro_batch,
             self.pgs, self.routing if self._replaying(batch) else None,
         )
         self.steps += 1
