@@ -107,6 +107,8 @@ class OptimizerConfig:
 class TrainerConfig:
     """The Megatron policy worker (``trainer``)."""
 
+    num_ranks: int = 1
+    """Trainer processes (one per GPU); data parallel takes what tensor x pipeline leave."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     """Parallel layout."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -121,6 +123,8 @@ class TrainerConfig:
     """Core attention of the local spec: sdpa (torch scaled_dot_product_attention) or local."""
 
     def __post_init__(self) -> None:
+        _require(self.num_ranks >= 1, "trainer.num_ranks", f"must be >= 1, got {self.num_ranks}")
+        self.parallel.check_world(self.num_ranks)
         _require(self.dtype in _DTYPES, "trainer.dtype", f"{self.dtype!r} is not one of {_DTYPES}")
         _require(
             self.max_tokens_per_micro_batch > 0,
