@@ -18,6 +18,8 @@ def _parser() -> argparse.ArgumentParser:
     tiny.add_argument("--out", required=True, help="output folder (reused if it holds the same spec)")
     tiny.add_argument("--size", choices=tuple(SIZES), default="unit")
     tiny.add_argument("--seed", type=int, default=0)
+    train = sub.add_parser("train", help="run RL training (default recipe: tiny_cpu)")
+    train.add_argument("overrides", nargs="*", help=_OVERRIDES_HELP)
     show = sub.add_parser("config", help="print the resolved config of a recipe with overrides")
     show.add_argument("overrides", nargs="*", help=_OVERRIDES_HELP)
     return p
@@ -35,7 +37,14 @@ def _config(args) -> None:
     print(to_yaml(load_config(args.overrides)), end="")
 
 
-COMMANDS = {"make-tiny-model": _make_tiny_model, "config": _config}
+def _train(args) -> None:
+    from megatron_rl.config import load_config
+    from megatron_rl.schedules.job import train
+
+    print(f"run folder: {train(load_config(args.overrides))}")
+
+
+COMMANDS = {"make-tiny-model": _make_tiny_model, "train": _train, "config": _config}
 
 
 def main(argv: list[str] | None = None) -> int:

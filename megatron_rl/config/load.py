@@ -85,10 +85,21 @@ def load_config(args: list[str]) -> TrainConfig:
     return _to_object(cfg)
 
 
+def _open_dicts(node, prefix: str = "") -> list[str]:
+    """Prefixes of plain-dict fields (``envs``, ``data.generate_knobs``): their keys are free."""
+    found = []
+    for k, v in node.items():
+        if OmegaConf.is_dict(v):
+            name = f"{prefix}{k}."
+            found += [name] if OmegaConf.get_type(v) is dict else _open_dicts(v, name)
+    return found
+
+
 def _reject_added_keys(cfg, recipe: str) -> None:
     """``+key=value`` (or a recipe) can add keys Hydra lets through; the schema is the whole truth."""
-    known = set(_known_keys(OmegaConf.structured(TrainConfig)))
-    added = sorted(k for k in _known_keys(cfg) if k not in known)
+    schema = OmegaConf.structured(TrainConfig)
+    known, free = set(_known_keys(schema)), tuple(_open_dicts(schema))
+    added = sorted(k for k in _known_keys(cfg) if k not in known and not k.startswith(free))
     if added:
         close = difflib.get_close_matches(added[0], sorted(known), n=3, cutoff=0.5)
         hint = f"; did you mean {', '.join(close)}?" if close else ""

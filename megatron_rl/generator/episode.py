@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import zlib
 from dataclasses import dataclass, field
 
 import torch
@@ -67,6 +68,9 @@ class EpisodeContext:
     step: int
     policy_version: int
     """The version the fleet serves at the start, for a fleet that does not tag its replies."""
+    seed: int = 0
+    """Run seed: each turn samples with a seed derived from it, the step, the trajectory and the turn,
+    so a resumed or repeated run draws the same samples whatever the request order."""
     num_experts: int | None = None
     """MoE only: experts per layer, to validate routed-expert records."""
 
@@ -85,10 +89,13 @@ async def _env_call(ctx: EpisodeContext, state: EpisodeState, fn, *args):
         state.timing["env"] += time.perf_counter() - start
 
 
-async def _sample(ctx: EpisodeContext, state: EpisodeState, tid: TrajectoryId) -> GenerationResult:
+async def _sample(ctx: EpisodeContext, state: EpisodeState, tid: TrajectoryId, turn: int) -> GenerationResult:
     cfg = ctx.config
     budget = cfg.max_input_length - state.length
-    params = SamplingParams(max_tokens=min(cfg.max_tokens_per_turn, budget), temperature=ctx.temperature, top_p=cfg.top_p)
+    seed = zlib.crc32(f"{ctx.seed}:{ctx.step}:{tid}:{turn}".encode()) & 0x7FFFFFFF
+    params = SamplingParams(
+        max_tokens=min(cfg.max_tokens_per_turn, budget), temperature=ctx.temperature, top_p=cfg.top_p, seed=seed
+    )
     start = time.perf_counter()
     result = await ctx.fleet.generate(
         GenerationRequest(state.prompt_ids + state.response_ids, params, session_id=str(tid))
@@ -110,7 +117,7 @@ async def run_episode(ctx: EpisodeContext, item: PromptItem, env, tid: Trajector
         )
     stop_reason = "max_turns"
     for turn in range(ctx.config.max_turns):
-        result = await _sample(ctx, state, tid)
+        result = await _sample(ctx, state, tid, turn)
         version = _version(result, ctx)
         state.add_action(result, version)
         step = await _env_call(ctx, state, env.step, renderer.decode(result.token_ids))

@@ -32,6 +32,8 @@ class InferenceFleet:
         self.control: ControlPlane | None = None
         self.model = ""
         self.weight_version: str | None = None
+        self.server_urls: list[str] = []
+        """Control-plane URLs of every server (the weight-transfer receivers)."""
         self._http: aiohttp.ClientSession | None = None
         self._slots = asyncio.Semaphore(config.router.max_concurrency)
 
@@ -47,6 +49,7 @@ class InferenceFleet:
         self._http = aiohttp.ClientSession(connector=connector)
         servers = [Replica(url, self._http) for url in server_urls]
         data = [Replica(cfg.external_proxy_url, self._http)] if cfg.external_proxy_url else servers
+        self.server_urls = server_urls
         self.router = Router(data, cfg.router)
         self.control = ControlPlane(servers, cfg.router.request_timeout_s)
         self.model = (await data[0].get("/v1/models"))["data"][0]["id"]

@@ -23,6 +23,8 @@ class Replica:
         self.in_flight = 0
         self.assigned = 0
         self.healthy = True
+        self.quarantined = False
+        """Set when its weights failed to update: it never serves again in this run."""
         self.capturing_routes = False
         self.stats = ReplicaStats()
 

@@ -59,6 +59,14 @@ class Router:
                 self.take_out(replica, err)
         raise NoReplicaError(f"no replica completed the request after {len(tried)} attempt(s): {errors}")
 
+    def quarantine(self, url: str, reason: str) -> None:
+        """Take the replica at ``url`` out for good (its weights are not the fleet's): probes never return it."""
+        for replica in self.replicas:
+            if replica.url.rstrip("/") == url.rstrip("/"):
+                log.error("inference: quarantining %s: %s", replica.url, reason)
+                replica.quarantined = True
+                self.take_out(replica, reason)
+
     def take_out(self, replica: Replica, reason: object) -> None:
         """Stop routing to ``replica`` until a health probe passes."""
         if replica.healthy:
@@ -75,6 +83,7 @@ class Router:
         """Check every replica once: failing ones leave rotation, recovered ones return."""
         results = await asyncio.gather(*(r.is_healthy() for r in self.replicas))
         for replica, ok in zip(self.replicas, results):
+            ok = ok and not replica.quarantined
             if ok and not replica.healthy:
                 log.warning("inference: %s is healthy again, back in rotation", replica.url)
             elif not ok:

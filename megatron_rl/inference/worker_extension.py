@@ -17,6 +17,8 @@ from collections import OrderedDict
 
 import torch
 
+from weight_transfer.vllm_receiver import WeightReceiver
+
 _MAX_KEPT_REQUESTS = 4096
 
 
@@ -79,5 +81,5 @@ class RoutingCaptureMixin:
         return {"start": record["start"], "experts": torch.cat(record["chunks"]).tolist()}
 
 
-class MegatronRLWorkerExtension(RoutingCaptureMixin):
-    """Everything megatron-rl adds to a vLLM worker; the weight receiver joins as another base."""
+class MegatronRLWorkerExtension(RoutingCaptureMixin, WeightReceiver):
+    """Everything megatron-rl adds to a vLLM worker: routing capture and the weight receiver."""

@@ -19,11 +19,11 @@ from megatron_rl.tracking import Tracker
 class Policy(Protocol):
     """The trainer (a Megatron worker group)."""
 
-    def compute_logprobs(self, batch: TrainingBatch) -> torch.Tensor:
-        """``[B, T]`` log-probs of each token given the ones before it, aligned with ``input_ids``."""
+    def compute_logprobs(self, batch: TrainingBatch) -> tuple[torch.Tensor, torch.Tensor, object]:
+        """(log-probs, entropy, routed experts or None): ``[B, T]`` aligned with ``input_ids``."""
 
-    def train_step(self, batch: TrainingBatch) -> dict[str, float]:
-        """One optimizer step over the batch (micro-batched inside); returns its metrics."""
+    def train_step(self, batch: TrainingBatch, algorithm=None) -> dict[str, float]:
+        """One optimizer step over the batch (micro-batched inside); ``algorithm`` overrides the loss."""
 
     def save(self, path: Path) -> None: ...
 

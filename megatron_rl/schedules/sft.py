@@ -6,8 +6,10 @@ signal); real recipes start from an instruction-tuned checkpoint, the tiny ones 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
+from correction.config import CorrectionConfig
 from megatron_rl.contracts import PromptItem, TrainingBatch, Trajectory, TrajectoryId
 from megatron_rl.data.sampler import PromptSampler
 from megatron_rl.envs.registry import get_env_class
@@ -33,6 +35,7 @@ def demonstration(c: Components, item: PromptItem, index: int) -> Trajectory:
 def run_sft(c: Components, sampler: PromptSampler) -> dict[str, float]:
     """``sft.steps`` cross-entropy steps; returns the last step's ``sft/*`` metrics."""
     cfg = c.config.sft
+    loss = dataclasses.replace(c.config.algorithm, policy_loss_type="cross_entropy", correction=CorrectionConfig())
     metrics: dict[str, float] = {}
     for step in range(cfg.steps):
         start = time.perf_counter()
@@ -40,7 +43,7 @@ def run_sft(c: Components, sampler: PromptSampler) -> dict[str, float]:
         demos = [demonstration(c, item, i) for i, item in enumerate(items)]
         advantages = [[1.0] * len(t.response_ids) for t in demos]
         batch = TrainingBatch.from_trajectories(demos, advantages, list(range(len(demos))), c.pad_token_id)
-        out = c.policy.train_step(batch, loss="cross_entropy")
+        out = c.policy.train_step(batch, loss)
         metrics = {f"sft/{k.split('/', 1)[-1]}": v for k, v in out.items()}
         metrics["sft/seconds"] = time.perf_counter() - start
         if step % 10 == 0 or step + 1 == cfg.steps:

@@ -55,7 +55,7 @@ async def _step(c: Components, state: LoopState, step: int) -> dict[str, float]:
     metrics.update(adv_metrics)
     if batch is not None:
         with _Timer(metrics, "old_logprobs"):
-            batch.old_logprobs = c.policy.compute_logprobs(batch)
+            batch.old_logprobs = c.policy.compute_logprobs(batch)[0]
         with _Timer(metrics, "train"):
             metrics.update(c.policy.train_step(batch))
         state.version += 1

@@ -1,0 +1,113 @@
+"""``megatron-rl train``: build the rooms from the config, warm-start, resume, run the schedule, clean up."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import random
+from pathlib import Path
+
+import torch
+
+from megatron_rl.checkpoint import latest_checkpoint
+from megatron_rl.config import to_yaml
+from megatron_rl.config.schema import TrainConfig
+from megatron_rl.data.sampler import PromptSampler
+from megatron_rl.generator.generator import Generator
+from megatron_rl.inference.fleet import InferenceFleet
+from megatron_rl.run_folder import RunFolder
+from megatron_rl.schedules import data_setup
+from megatron_rl.schedules.components import Components, LoopState
+from megatron_rl.schedules.sft import run_sft
+from megatron_rl.schedules.sync import run_sync, save
+from megatron_rl.schedules.weight_sync import FleetWeightSync, build_plan
+from megatron_rl.tracking import Tracker
+
+log = logging.getLogger("megatron_rl")
+WORKER_EXTENSION = "megatron_rl.inference.worker_extension.MegatronRLWorkerExtension"
+
+
+def _fleet_config(cfg: TrainConfig, model_path: str):
+    server = dataclasses.replace(
+        cfg.inference.server, model_path=model_path, dtype=cfg.model.dtype, seed=cfg.run.seed,
+        worker_extension=cfg.inference.server.worker_extension or WORKER_EXTENSION,
+        max_model_len=max(cfg.inference.server.max_model_len, cfg.generator.max_input_length),
+    )
+    return dataclasses.replace(cfg.inference, server=server)
+
+
+def _check(cfg: TrainConfig) -> None:
+    """Problems a user can cause, reported before any process starts."""
+    if cfg.algorithm.kl.use_kl_loss or cfg.algorithm.kl.use_kl_in_reward:
+        raise ValueError("algorithm.kl: the sync schedule has no reference-policy pass yet; set use_kl_loss and "
+                         "use_kl_in_reward to false")
+    from megatron_rl.envs import get_env_class
+
+    for name, options in cfg.envs.items():
+        get_env_class(name).make_config(options)
+    if cfg.trainer.dtype != cfg.model.dtype:
+        raise ValueError(f"trainer.dtype={cfg.trainer.dtype} differs from model.dtype={cfg.model.dtype}; set both")
+
+
+async def _train(cfg: TrainConfig, folder: RunFolder, tracker: Tracker) -> LoopState:
+    import transformers
+
+    from parallel.worker_group import WorkerGroup
+
+    model_path = cfg.model.resolve_path()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
+    hf_config = transformers.AutoConfig.from_pretrained(model_path)
+    train, evals, data_metrics = data_setup.prompts(cfg, folder.root, tokenizer)
+    sampler = PromptSampler(train, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
+    world = cfg.trainer.num_ranks
+    policy = WorkerGroup(model_path, cfg.trainer, cfg.algorithm, world_size=world)
+    try:
+        async with InferenceFleet(_fleet_config(cfg, model_path)) as fleet:
+            plan = build_plan(Path(model_path), hf_config, cfg.trainer, world, cfg.weight_transfer.bucket_bytes)
+            generator = Generator(fleet, tokenizer, cfg.generator, vocab_size=hf_config.vocab_size,
+                                  env_configs=cfg.envs, num_experts=getattr(hf_config, "num_experts", None),
+                                  seed=cfg.run.seed)
+            c = Components(cfg, generator, policy, FleetWeightSync(cfg.weight_transfer, plan, policy, fleet), sampler,
+                           evals, folder, tracker, tokenizer.pad_token_id or 0)
+            state = await _start(c, data_metrics)
+            return await run_sync(c, state)
+    finally:
+        policy.shutdown()
+
+
+async def _start(c: Components, data_metrics: dict) -> LoopState:
+    """Resume from the latest checkpoint, or warm-start with SFT; either way the fleet then serves the trainer's weights."""
+    cfg = c.config
+    found = latest_checkpoint(c.folder.root / "checkpoints") if cfg.run.resume == "latest" else None
+    if found is not None:
+        path, loop = found
+        c.policy.load(path / "trainer")
+        state = LoopState(step=loop["step"], version=loop["version"], data=loop["data"])
+        c.train_data.load_state_dict(state.data)
+        log.info("resumed from %s (step %d, weight version %d)", path, state.step, state.version)
+        await c.weight_sync(state.version)
+        return state
+    state = LoopState()
+    if cfg.sft.steps:
+        sft_metrics = run_sft(c, PromptSampler(c.train_data.items, seed=cfg.run.seed + 1))
+        state.version = 1
+        sync = await c.weight_sync(state.version)
+        c.tracker.log(0, {**data_metrics, **sft_metrics, **sync})
+    return state
+
+
+def train(cfg: TrainConfig) -> Path:
+    """Run the configured job; returns the run folder."""
+    _check(cfg)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    random.seed(cfg.run.seed)
+    torch.manual_seed(cfg.run.seed)
+    folder = RunFolder(Path(cfg.run.output_dir) / cfg.run.name, resume=cfg.run.resume == "latest")
+    folder.write_config(to_yaml(cfg))
+    tracker = Tracker(folder, cfg.run.name, cfg.run.wandb_project, dataclasses.asdict(cfg))
+    try:
+        asyncio.run(_train(cfg, folder, tracker))
+    finally:
+        log.info("curves: %s", tracker.finish())
+    return folder.root

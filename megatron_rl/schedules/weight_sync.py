@@ -1,0 +1,115 @@
+"""Weight sync for a run: the trainer's ranks send through the transfer plan to every fleet replica.
+
+The plan is built from the checkpoint's tensor names and shapes (read from safetensors headers, no
+weights loaded) and the trainer's layout; every update then runs weight_transfer's protocol
+(connect → send/receive → pause → verify + load → resume) and tags the fleet with the new version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+from pathlib import Path
+
+import torch
+
+from parallel.config import TrainerConfig
+from parallel.worker_group import WorkerGroup
+from weight_transfer.config import WeightTransferConfig
+from weight_transfer.coordinator import WeightTransferCoordinator
+from weight_transfer.layout import TrainerLayout
+from weight_transfer.plan import TensorSpec, TransferPlan
+from weight_transfer.replicas import HTTPReplica
+
+
+def checkpoint_specs(model_dir: Path, dtype: str) -> list[TensorSpec]:
+    """Name and shape of every tensor in the checkpoint's safetensors files, in the trainer's dtype."""
+    specs = []
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        with open(path, "rb") as f:
+            header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+        specs += [TensorSpec(name, tuple(meta["shape"]), dtype) for name, meta in header.items() if name != "__metadata__"]
+    if not specs:
+        raise ValueError(f"model.path: no safetensors files in {model_dir}")
+    return specs
+
+
+def build_plan(model_dir: Path, hf_config, trainer: TrainerConfig, world_size: int, bucket_bytes: int) -> TransferPlan:
+    p = trainer.parallel
+    layout = TrainerLayout(
+        num_layers=hf_config.num_hidden_layers, tp=p.tensor_model_parallel_size, pp=p.pipeline_model_parallel_size,
+        dp=world_size // (p.tensor_model_parallel_size * p.pipeline_model_parallel_size),
+        ep=p.expert_model_parallel_size, num_experts=getattr(hf_config, "num_experts", 0) or 0,
+    )
+    return TransferPlan.build(checkpoint_specs(model_dir, trainer.dtype), layout, bucket_bytes)
+
+
+def _device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _connect(policy, scratch, session: dict) -> None:
+    from weight_transfer.transports import make_sender
+
+    rank = torch.distributed.get_rank()
+    if scratch.get("wt") is not None:
+        scratch.pop("wt").close()
+    if str(rank) in session["ports"]:
+        scratch["wt"] = make_sender(session, rank, _device())
+
+
+def _send(policy, scratch, plan_json: str, version: int, digests: bool) -> dict:
+    from weight_transfer.sender import send_weights
+
+    if scratch.get("plan_json") != plan_json:
+        scratch["plan"], scratch["plan_json"] = TransferPlan.from_json(plan_json), plan_json
+    rank = torch.distributed.get_rank()
+    return send_weights(scratch["plan"], rank, policy.export_weights(), scratch.get("wt"), version, _device(), digests)
+
+
+def _release(policy, scratch, version: int) -> None:
+    if scratch.get("wt") is not None:
+        scratch["wt"].release(version)
+
+
+def _disconnect(policy, scratch) -> None:
+    if scratch.get("wt") is not None:
+        scratch.pop("wt").close()
+
+
+class PolicySenders:
+    """weight_transfer's ``Senders`` over the policy's Ray ranks (each sends what the plan gives it)."""
+
+    def __init__(self, group: WorkerGroup, plan: TransferPlan):
+        self.group, self.plan_json = group, plan.to_json()
+
+    def connect(self, session: dict) -> None:
+        self.group.run(_connect, session)
+
+    def send(self, version: int, digests: bool) -> dict:
+        merged = {"buckets": {}, "tensors": {}}
+        for part in self.group.run(_send, self.plan_json, version, digests):
+            merged["buckets"].update(part["buckets"])
+            merged["tensors"].update(part["tensors"])
+        return merged
+
+    def release(self, version: int) -> None:
+        self.group.run(_release, version)
+
+    def disconnect(self) -> None:
+        self.group.run(_disconnect)
+
+
+class FleetWeightSync:
+    """``await sync(version)``: transfer, verify every replica reports ``version``, tag the fleet."""
+
+    def __init__(self, config: WeightTransferConfig, plan: TransferPlan, group: WorkerGroup, fleet):
+        replicas = [HTTPReplica(url, on_quarantine=fleet.router.quarantine) for url in fleet.server_urls]
+        self.fleet = fleet
+        self.coordinator = WeightTransferCoordinator(config, plan, replicas, PolicySenders(group, plan))
+
+    async def __call__(self, version: int) -> dict[str, float]:
+        metrics = await asyncio.to_thread(self.coordinator.update, version)
+        await self.fleet.set_weight_version(str(version))
+        return metrics
