@@ -6,8 +6,12 @@ import torch
 
 from megatron_rl.algorithms.config import AlgorithmConfig
 from megatron_rl.algorithms.filters import zero_variance_filter
+from megatron_rl.algorithms.overlong import soft_overlong_penalty
 from megatron_rl.algorithms.registry import ADVANTAGE_ESTIMATORS
 from megatron_rl.contracts import GeneratorOutput, TrainingBatch, Trajectory
+
+
+TRUNCATED = ("length", "max_input_length")
 
 
 def _response_rows(trajectories: list[Trajectory]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,6 +45,12 @@ def to_training_batch(
     rewards, mask = _response_rows(trajectories)
     group_ids = _group_ids(trajectories)
     metrics: dict[str, float] = {}
+    filters = config.filters
+    if filters.overlong_buffer_len:
+        penalty, m = soft_overlong_penalty(mask.sum(-1), filters)
+        last = torch.tensor([len(t.response_ids) - 1 for t in trajectories])
+        rewards[torch.arange(len(trajectories)), last] += torch.where(mask.any(-1), penalty, 0.0)
+        metrics.update({k: float(v) for k, v in m.items()})
     if config.filters.zero_variance_filter:
         keep, filter_metrics = zero_variance_filter(rewards, group_ids, mask, config.filters.zero_variance_tol)
         metrics.update({k: float(v) for k, v in filter_metrics.items()})
@@ -56,4 +66,8 @@ def to_training_batch(
     kept = [trajectories[i] for i in rows.tolist()]
     per_row = [advantages[i, : len(t.response_ids)] for i, t in enumerate(kept)]
     batch = TrainingBatch.from_trajectories(kept, per_row, group_ids[rows].tolist(), pad_token_id)
+    if filters.overlong_filtering:  # truncated replies count in the baseline but carry no gradient
+        truncated = torch.tensor([t.stop_reason in TRUNCATED for t in kept])
+        batch.loss_mask[truncated] = 0.0
+        metrics["reward/overlong_filtered_ratio"] = float(truncated.float().mean())
     return batch, metrics
