@@ -26,6 +26,7 @@ async def _attempts(ctx: EpisodeContext, item: PromptItem, tid: TrajectoryId, ma
                 log.warning("trajectory %s: environment failed (%s); retrying as a fresh sample", tid, err)
             finally:
                 env.close()
+                ctx.fleet.end_session(str(tid))
     return errors
 
 
@@ -75,6 +76,7 @@ def _metrics(trajectories: list[Trajectory], failed_groups: int) -> dict[str, fl
             "generate/response_length": statistics.fmean(sum(t.loss_mask) for t in live),
             "generate/total_length": statistics.fmean(t.num_tokens for t in live),
             "generate/num_turns": statistics.fmean(_turns(t) for t in live),
+            "generate/with_routed_experts": statistics.fmean(t.routed_experts is not None for t in live),
             "reward/mean": statistics.fmean(t.reward_sum() for t in live),
             "timing/llm_per_trajectory": statistics.fmean(t.timing.get("llm", 0.0) for t in live),
             "timing/env_per_trajectory": statistics.fmean(t.timing.get("env", 0.0) for t in live),

@@ -32,7 +32,8 @@ class EpisodeState:
     versions: list[int] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
     timing: dict[str, float] = field(default_factory=lambda: {"llm": 0.0, "env": 0.0})
-    experts: list | None = None
+    experts: tuple[list, int] | None = None
+    """The last turn's routed experts and the position they start at (the sampler's R3 record)."""
 
     @property
     def length(self) -> int:
@@ -45,7 +46,7 @@ class EpisodeState:
         self.logprobs += result.logprobs
         self.versions += [version] * n
         self.rewards += [0.0] * n
-        self.experts = result.routed_experts
+        self.experts = (result.routed_experts, result.routed_experts_start) if result.routed_experts else None
 
     def add_observation(self, ids: list[int], version: int) -> None:
         self.response_ids += ids
@@ -73,6 +74,8 @@ class EpisodeContext:
     so a resumed or repeated run draws the same samples whatever the request order."""
     num_experts: int | None = None
     """MoE only: experts per layer, to validate routed-expert records."""
+    return_routed_experts: bool = False
+    """Ask the fleet for each token's routed experts (R3 routing replay)."""
 
 
 async def _env_call(ctx: EpisodeContext, state: EpisodeState, fn, *args):
@@ -98,7 +101,8 @@ async def _sample(ctx: EpisodeContext, state: EpisodeState, tid: TrajectoryId, t
     )
     start = time.perf_counter()
     result = await ctx.fleet.generate(
-        GenerationRequest(state.prompt_ids + state.response_ids, params, session_id=str(tid))
+        GenerationRequest(state.prompt_ids + state.response_ids, params, session_id=str(tid),
+                          return_routed_experts=ctx.return_routed_experts)
     )
     state.timing["llm"] += time.perf_counter() - start
     return result
@@ -144,11 +148,6 @@ def _version(result: GenerationResult, ctx: EpisodeContext) -> int:
 
 
 def _trajectory(ctx: EpisodeContext, tid: TrajectoryId, state: EpisodeState, stop_reason: str, env) -> Trajectory:
-    experts = None
-    if state.experts is not None and ctx.num_experts:
-        experts = RoutedExperts(torch.tensor(state.experts, dtype=torch.long), ctx.num_experts)
-        if experts.num_tokens != state.length:  # a trailing observation has no routing: not replayable
-            experts = None
     return Trajectory(
         trajectory_id=tid,
         prompt_token_ids=state.prompt_ids,
@@ -161,6 +160,19 @@ def _trajectory(ctx: EpisodeContext, tid: TrajectoryId, state: EpisodeState, sto
         stop_reason=stop_reason,
         timing=state.timing,
         env_metrics=dict(getattr(env, "metrics", {}) or {}),
-        routed_experts=experts,
+        routed_experts=_routed_experts(state, ctx.num_experts),
     )
+
+
+def _routed_experts(state: EpisodeState, num_experts: int | None) -> RoutedExperts | None:
+    """The sampler's routing for every token, or None when it does not cover them all (a prefix served
+    from cache, a trailing observation). The last sampled token is never forwarded by the sampler; its
+    routing only shapes logits no loss reads, so the previous token's is repeated for it."""
+    if state.experts is None or not num_experts:
+        return None
+    rows, start = state.experts
+    if start != 0 or len(rows) != state.length - 1:
+        return None
+    indices = torch.tensor(rows + rows[-1:], dtype=torch.long)
+    return RoutedExperts(indices, num_experts)
 

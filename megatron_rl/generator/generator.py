@@ -16,7 +16,8 @@ class Generator:
     """Multi-turn, token-in-token-out rollouts through an inference fleet."""
 
     def __init__(self, fleet, tokenizer, config: GeneratorConfig, vocab_size: int, env_configs: dict | None = None,
-                 num_experts: int | None = None, seed: int = 0, show_progress: bool = True):
+                 num_experts: int | None = None, return_routed_experts: bool = False, seed: int = 0,
+                 show_progress: bool = True):
         self.fleet = fleet
         self.tokenizer = tokenizer
         self.config = config
@@ -24,6 +25,7 @@ class Generator:
         """The model's embedding rows (may exceed the tokenizer's size); sampled ids must lie below it."""
         self.env_configs = env_configs or {}
         self.num_experts = num_experts
+        self.return_routed_experts = return_routed_experts
         self.seed = seed
         self.show_progress = show_progress
         self._renderers: dict[str, ChatRenderer] = {}
@@ -44,6 +46,7 @@ class Generator:
             policy_version=gi.policy_version,
             seed=self.seed,
             num_experts=self.num_experts,
+            return_routed_experts=self.return_routed_experts,
         )
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
 

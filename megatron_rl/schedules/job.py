@@ -67,6 +67,7 @@ async def _train(cfg: TrainConfig, folder: RunFolder, tracker: Tracker) -> LoopS
             plan = build_plan(Path(model_path), hf_config, cfg.trainer, world, cfg.weight_transfer.bucket_bytes)
             generator = Generator(fleet, tokenizer, cfg.generator, vocab_size=hf_config.vocab_size,
                                   env_configs=cfg.envs, num_experts=getattr(hf_config, "num_experts", None),
+                                  return_routed_experts=cfg.algorithm.routing_replay.mode.value == "r3",
                                   seed=cfg.run.seed)
             c = Components(cfg, generator, policy, FleetWeightSync(cfg.weight_transfer, plan, policy, fleet), sampler,
                            evals, folder, tracker, tokenizer.pad_token_id or 0)

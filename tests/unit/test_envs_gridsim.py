@@ -94,3 +94,11 @@ def test_generated_days_are_profitable_and_reference_replies_score_one():
         assert len(row["env_extras"]["prices"]) == 24
         env = make_env("gridsim", row["env_extras"])
         assert env.step(env.reference_reply(row["env_extras"])).reward == 1.0
+
+
+def test_a_reply_without_a_call_asks_for_a_first_schedule_then_later_finishes():
+    env = make_env("gridsim", EXTRAS, {"max_turns": 3})
+    first = env.step("Let me think about the prices.")
+    assert not first.done and "submit_schedule" in first.observations[0]["content"]
+    env.step(_submit(["idle"] * 6))
+    assert env.step("That is my schedule.").done

@@ -80,6 +80,8 @@ class GridSimEnv(Env):
         if parsed.error:
             self.metrics["parse_errors"] += 1
             return self._reply(f"Your tool call could not be parsed: {parsed.error}", 0.0)
+        if not parsed.calls and not self.metrics["submissions"]:
+            return self._reply("No schedule submitted yet: call submit_schedule with one action per hour.", 0.0)
         if not parsed.calls:
             return StepResult([], 0.0, True, {"best_score": self.best})
         call = parsed.calls[0]
