@@ -11,12 +11,13 @@ import asyncio
 
 import aiohttp
 
+
 from megatron_rl.inference.config import InferenceConfig
 from megatron_rl.inference.control import ControlPlane
 from megatron_rl.inference.launcher import LocalServers
 from megatron_rl.inference.metrics import fleet_metrics
 from megatron_rl.inference.protocol import completion_payload, parse_choice
-from megatron_rl.inference.replica import Replica
+from megatron_rl.inference.replica import KEEPALIVE_S, Replica
 from megatron_rl.inference.router import Router
 from megatron_rl.inference.types import GenerationRequest, GenerationResult
 
@@ -45,7 +46,7 @@ class InferenceFleet:
             self.local = LocalServers(cfg.server, cfg.num_servers)
             self.local.start()
             server_urls = self.local.urls
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=KEEPALIVE_S)
         self._http = aiohttp.ClientSession(connector=connector)
         servers = [Replica(url, self._http) for url in server_urls]
         data = [Replica(cfg.external_proxy_url, self._http)] if cfg.external_proxy_url else servers

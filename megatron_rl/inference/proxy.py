@@ -12,6 +12,8 @@ import argparse
 import json
 
 import aiohttp
+
+from megatron_rl.inference.replica import KEEPALIVE_S
 from aiohttp import web
 
 from megatron_rl.inference.config import POLICIES, RouterConfig
@@ -28,7 +30,7 @@ def make_app(server_urls: list[str], config: RouterConfig) -> web.Application:
     app = web.Application(client_max_size=64 << 20)
 
     async def open_router(app: web.Application):
-        http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=0))
+        http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=KEEPALIVE_S))
         router = Router([Replica(url, http) for url in server_urls], config)
         router.start()
         app[_ROUTER] = router

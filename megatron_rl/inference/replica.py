@@ -10,6 +10,10 @@ import aiohttp
 from megatron_rl.inference.metrics import ReplicaStats, prefix_cache_counters
 
 
+# vLLM's server (uvicorn) closes idle keep-alive connections after 5 s; reusing one it already closed
+# fails as "server disconnected" and would take a healthy replica out. Drop ours first.
+KEEPALIVE_S = 3.0
+
 class ReplicaError(RuntimeError):
     """A replica failed a request (connection lost, timeout, server error): retry elsewhere."""
 
