@@ -12,13 +12,11 @@ import argparse
 import json
 
 import aiohttp
-
-from megatron_rl.inference.replica import KEEPALIVE_S
 from aiohttp import web
 
 from megatron_rl.inference.config import POLICIES, RouterConfig
 from megatron_rl.inference.protocol import SESSION_HEADER
-from megatron_rl.inference.replica import Replica
+from megatron_rl.inference.replica import KEEPALIVE_S, Replica
 from megatron_rl.inference.router import NoReplicaError, Router
 
 REPLICA_HEADER = "X-Replica"
