@@ -139,7 +139,21 @@ async def run_episode(ctx: EpisodeContext, item: PromptItem, env, tid: Trajector
             stop_reason = "max_input_length"
             break
         state.add_observation(obs_ids, version)
+    if stop_reason in TRUNCATED:
+        _score_truncated(state, env)
     return _trajectory(ctx, tid, state, stop_reason, env)
+
+
+TRUNCATED = ("length", "max_input_length")
+"""Stop reasons of an episode cut off before it finished: its reply ran out of tokens or of context."""
+
+
+def _score_truncated(state: EpisodeState, env) -> None:
+    """A cut-off episode is scored as its environment defines (``score_truncated()``), zero by default:
+    a reply that never finished earns nothing for what it happened to contain."""
+    score = getattr(env, "score_truncated", None)
+    state.rewards = [0.0] * len(state.rewards)
+    state.rewards[-1] = float(score()) if score is not None else 0.0
 
 
 def _version(result: GenerationResult, ctx: EpisodeContext) -> int:

@@ -9,9 +9,7 @@ from megatron_rl.algorithms.filters import zero_variance_filter
 from megatron_rl.algorithms.overlong import soft_overlong_penalty
 from megatron_rl.algorithms.registry import ADVANTAGE_ESTIMATORS
 from megatron_rl.contracts import GeneratorOutput, TrainingBatch, Trajectory
-
-
-TRUNCATED = ("length", "max_input_length")
+from megatron_rl.generator.episode import TRUNCATED
 
 
 def _response_rows(trajectories: list[Trajectory]) -> tuple[torch.Tensor, torch.Tensor]:
