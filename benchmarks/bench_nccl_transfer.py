@@ -1,0 +1,498 @@
+"""Weight transfer over NCCL between two GPUs: megatron trainer (GPU 0) -> real vLLM engine (GPU 1).
+
+Trainer side: one spawned process holds a ``MegatronPolicy`` (TP=1, bf16) of a Qwen3 model with ~1B
+(16 x 2048, GQA 16/4, 0.86B, 1.7 GB) or ~7B (32 x 4096, MHA, 6.7B, 13.5 GB) parameters, exports through
+``iter_hf_weights`` and sends with ``send_weights`` over the ``broadcast`` transport (NCCL on CUDA).
+Receiver side: ``vllm.LLM`` (CUDA_VISIBLE_DEVICES=1, enforce_eager, bf16) with the ``WeightReceiver``
+extension, driven by ``WeightTransferCoordinator`` through ``collective_rpc`` (connect, receive, verify
+bucket checksums, reload_weights). For each bucket size the same bytes in the same message sizes are
+also broadcast bare (two processes, torch.distributed NCCL, cuda events, median). After the updates
+vLLM's prompt log-probs must match megatron's on the new (perturbed) weights within bf16 tolerance.
+
+    export PYTHONPATH=/tmp/vsite:/tmp/site:$PWD
+    python benchmarks/bench_nccl_transfer.py                 # 1b and 7b, 2 GPUs
+    python benchmarks/bench_nccl_transfer.py --sizes 1b      # the small model only
+    python benchmarks/bench_nccl_transfer.py --dry-run       # CPU: tiny model, gloo, vLLM on CPU
+
+GB = 1e9 bytes. "transfer s" is the coordinator's wall time of one update's transfer (senders'
+export + pack + checksum + send, concurrently with the replica's receive RPC), median of --reps.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast must stay off on the H200 machines
+
+import argparse
+import json
+import multiprocessing as mp
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+for _p in (REPO, REPO / "tests" / "integration" / "parallel"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+MiB = 1 << 20
+BUCKETS_MB = (64, 256, 1024, 4096)
+SHAPES = {  # layers, hidden, heads, kv heads, ffn, vocab
+    "1b": (16, 2048, 16, 4, 5632, 32768),
+    "7b": (32, 4096, 32, 32, 11008, 32768),
+    "tiny": (2, 64, 4, 2, 128, 2048),
+}
+# The fixed prompt (same tokens as the CPU weight-transfer tests).
+TOKENS = [[5, 17, 300, 42, 7, 999, 1234, 64, 88, 2000, 3, 11, 512, 77, 1500, 9],
+          [101, 202, 303, 404, 505, 606, 707, 808, 909, 1010, 1111, 1212]]
+# vLLM (bf16, its kernels) vs megatron (bf16, local spec + SDPA) on the same weights, per prompt token, nats.
+LOGPROB_TOL_MAX, LOGPROB_TOL_MEAN = 0.3, 0.05
+RECEIVER = "weight_transfer.vllm_receiver.WeightReceiver"
+INIT_STD, UPDATE_STD = 0.02, 0.01
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ----------------------------------------------------------------------------------------------- model files
+
+def write_config(out: Path, shape: tuple, dtype: str) -> None:
+    """config.json of a Qwen3 of ``shape`` plus the tiny kit's tokenizer (no weights yet)."""
+    from transformers import Qwen3Config
+
+    from megatron_rl.tiny import make_tiny_model
+
+    layers, hidden, heads, kv, ffn, vocab = shape
+    tiny = Path(make_tiny_model("qwen3", size="unit", seed=0))
+    out.mkdir(parents=True, exist_ok=True)
+    for f in tiny.iterdir():
+        if f.is_file() and f.name not in ("config.json", "model.safetensors", "tiny_model.json", "generation_config.json"):
+            shutil.copy(f, out / f.name)
+    tiny_vocab = json.loads((tiny / "config.json").read_text())["vocab_size"]
+    Qwen3Config(vocab_size=max(vocab, tiny_vocab), hidden_size=hidden, num_hidden_layers=layers,
+                num_attention_heads=heads, num_key_value_heads=kv, intermediate_size=ffn, head_dim=hidden // heads,
+                max_position_embeddings=4096, tie_word_embeddings=False, rms_norm_eps=1e-6, eos_token_id=2,
+                pad_token_id=0, bos_token_id=None, torch_dtype=dtype,
+                architectures=["Qwen3ForCausalLM"]).save_pretrained(str(out))
+
+
+def write_random_weights(hf_dir: Path, dtype, device) -> int:
+    """Random weights (std INIT_STD, norms 1) for the config in ``hf_dir``, made on ``device``; returns bytes."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(str(hf_dir))
+    with torch.device("meta"):
+        shapes = {n: tuple(t.shape) for n, t in AutoModelForCausalLM.from_config(config).state_dict().items()}
+    gen = torch.Generator(device=device).manual_seed(0)
+    tensors = {}
+    for name, shp in shapes.items():
+        if name.endswith("norm.weight"):
+            t = torch.ones(shp, dtype=dtype, device=device)
+        else:
+            t = torch.randn(shp, generator=gen, device=device, dtype=torch.float32).mul_(INIT_STD).to(dtype)
+        tensors[name] = t.cpu()
+    save_file(tensors, str(hf_dir / "model.safetensors"))
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def safetensors_specs(path: Path):
+    """TensorSpecs from a safetensors header (no tensor is read)."""
+    from weight_transfer.plan import TensorSpec
+
+    names = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
+    with open(path, "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    return [TensorSpec(n, tuple(v["shape"]), names[v["dtype"]]) for n, v in header.items() if n != "__metadata__"]
+
+
+def build_plan(hf_dir: Path, bucket_bytes: int):
+    from weight_transfer.layout import TrainerLayout
+    from weight_transfer.plan import TransferPlan
+
+    layers = json.loads((hf_dir / "config.json").read_text())["num_hidden_layers"]
+    return TransferPlan.build(safetensors_specs(hf_dir / "model.safetensors"), TrainerLayout(num_layers=layers), bucket_bytes)
+
+
+# ------------------------------------------------------------------------------------------- bare broadcast
+
+def _bare_rank(rank: int, port: int, gpu: str | None, messages: dict, reps: int, queue) -> None:
+    """Rank ``rank`` of a bare 2-process broadcast: per bucket size, the plan's buckets as messages."""
+    try:
+        if gpu is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+        import torch
+        import torch.distributed as dist
+
+        cuda = gpu is not None
+        device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+        if cuda:
+            torch.cuda.set_device(0)
+        dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=2)
+        buf = torch.empty(max(max(m) for m in messages.values()), dtype=torch.uint8, device=device)
+        flag = torch.zeros(1, device=device)
+        out = {}
+        for mb, sizes in messages.items():
+            times = []
+            for rep in range(reps + 1):
+                dist.all_reduce(flag)
+                if cuda:
+                    torch.cuda.synchronize()
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                t0 = time.perf_counter()
+                for n in sizes:
+                    dist.broadcast(buf[:n], src=0)
+                if cuda:
+                    end.record()
+                    torch.cuda.synchronize()
+                    seconds = start.elapsed_time(end) / 1e3
+                else:
+                    seconds = time.perf_counter() - t0
+                slowest = torch.tensor([seconds], dtype=torch.float64, device=device)
+                dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+                if rep:  # the first is warm-up (communicator set-up, first use of the buffer)
+                    times.append(slowest.item())
+            out[mb] = statistics.median(times)
+        dist.destroy_process_group()
+        if rank == 0:
+            queue.put(("ok", out))
+    except BaseException:
+        queue.put(("error", f"bare rank {rank}: {traceback.format_exc()}"))
+        raise
+
+
+def bare_broadcast(messages: dict, reps: int, cuda: bool) -> dict:
+    """{bucket MiB: median seconds} of broadcasting ``messages[mb]`` (byte sizes) GPU0 -> GPU1."""
+    ctx = mp.get_context("spawn")
+    queue, port = ctx.Queue(), free_port()
+    procs = [ctx.Process(target=_bare_rank, args=(r, port, str(r) if cuda else None, messages, reps, queue))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    status, value = queue.get(timeout=600)
+    for p in procs:
+        p.join(60)
+        if p.is_alive():
+            p.kill()
+    if status != "ok":
+        raise RuntimeError(value)
+    return value
+
+
+# ------------------------------------------------------------------------------------------------- trainer
+
+def _trainer(conn, cuda: bool) -> None:
+    """The trainer process: GPU 0 only; answers commands from the parent over ``conn``."""
+    if cuda:
+        os.environ["CUDA_VISIBLE_DEVICES"] = "0"
+    import torch
+
+    state = {"transport": None, "plan": None, "policy": None}
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    while True:
+        command, *args = conn.recv()
+        try:
+            if command == "write":
+                start = time.perf_counter()
+                nbytes = write_random_weights(Path(args[0]), dtype, device)
+                conn.send(("ok", {"bytes": nbytes, "seconds": time.perf_counter() - start}))
+            elif command == "build":
+                conn.send(("ok", _build_policy(state, Path(args[0]), cuda, device)))
+            elif command == "connect":
+                from weight_transfer.plan import TransferPlan
+                from weight_transfer.transports import make_sender
+
+                if state["transport"] is not None:
+                    state["transport"].close()
+                state["plan"] = TransferPlan.from_json(args[0])
+                state["transport"] = make_sender(args[1], 0, device)
+                conn.send(("ok", None))
+            elif command == "send":
+                from weight_transfer.sender import send_weights
+
+                version, digests = args
+                start = time.perf_counter()
+                out = send_weights(state["plan"], 0, state["policy"].export_weights(), state["transport"], version,
+                                   device, digests)
+                if cuda:
+                    torch.cuda.synchronize()
+                out["sender_seconds"] = time.perf_counter() - start
+                conn.send(("ok", out))
+            elif command == "release":
+                state["transport"].release(args[0])
+                conn.send(("ok", None))
+            elif command == "disconnect":
+                if state["transport"] is not None:
+                    state["transport"].close()
+                state["transport"] = None
+                conn.send(("ok", None))
+            else:
+                conn.send(("ok", None))
+                return
+        except Exception:
+            conn.send(("error", traceback.format_exc(limit=6)))
+
+
+def _build_policy(state: dict, hf_dir: Path, cuda: bool, device) -> dict:
+    """MegatronPolicy from the checkpoint, then one stand-in update (noise on every matrix): the weights
+    the transfers carry. Returns megatron's log-probs of TOKENS with those weights."""
+    import torch
+
+    from megatron_rl.algorithms.config import AlgorithmConfig
+    from parallel.config import TrainerConfig
+    from parallel.policy import MegatronPolicy
+    from parallel_ranks import batch_of
+
+    start = time.perf_counter()
+    cfg = TrainerConfig(dtype="bfloat16" if cuda else "float32", max_tokens_per_micro_batch=4096)
+    policy = MegatronPolicy(hf_dir, cfg, AlgorithmConfig(), 0, 1, f"tcp://127.0.0.1:{free_port()}")
+    gen = torch.Generator(device=device).manual_seed(1)
+    with torch.no_grad():
+        for p in policy.model.parameters():
+            if p.dim() >= 2:
+                p.add_(torch.randn(p.shape, generator=gen, device=device, dtype=torch.float32).mul_(UPDATE_STD).to(p.dtype))
+    batch = batch_of(TOKENS, prompt_len=1)
+    logp = policy.compute_logprobs(batch)[0]
+    state["policy"] = policy
+    rows = [logp[b, 1:len(t)].float().tolist() for b, t in enumerate(TOKENS)]
+    memory = policy.memory()
+    return {"logprobs": rows, "seconds": time.perf_counter() - start,
+            "params": sum(p.numel() for p in policy.model.parameters()), "memory": memory}
+
+
+class TrainerSenders:
+    """The coordinator's ``Senders``: the one trainer process (rank 0 sends every bucket)."""
+
+    def __init__(self, cuda: bool):
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_trainer, args=(child, cuda), daemon=True, name="trainer")
+        self.proc.start()
+        self.plan = None
+        self.last_sender_seconds = []
+
+    def post(self, *command) -> None:
+        self.conn.send(command)
+
+    def result(self, timeout: float = 900):
+        if not self.conn.poll(timeout):
+            raise TimeoutError(f"trainer process gave no answer in {timeout} s")
+        status, value = self.conn.recv()
+        if status != "ok":
+            raise RuntimeError(f"trainer: {value}")
+        return value
+
+    def call(self, *command, timeout: float = 900):
+        self.post(*command)
+        return self.result(timeout)
+
+    # Senders protocol
+    def connect(self, session: dict) -> None:
+        self.call("connect", self.plan.to_json(), session)
+
+    def send(self, version: int, digests: bool) -> dict:
+        out = self.call("send", version, digests)
+        self.last_sender_seconds.append(out.pop("sender_seconds"))
+        return out
+
+    def release(self, version: int) -> None:
+        self.call("release", version)
+
+    def disconnect(self) -> None:
+        self.call("disconnect")
+
+    def shutdown(self) -> None:
+        try:
+            self.call("close", timeout=30)
+        except Exception:
+            pass
+        self.proc.join(30)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+
+# ---------------------------------------------------------------------------------------------------- vLLM
+
+def make_llm(hf_dir: Path, cuda: bool, gpu_memory_utilization: float):
+    from vllm import LLM
+
+    extra = dict(dtype="bfloat16", gpu_memory_utilization=gpu_memory_utilization) if cuda else \
+        dict(dtype="float32", kv_cache_memory_bytes=1 << 26)
+    return LLM(str(hf_dir), enforce_eager=True, max_model_len=256, seed=0, worker_extension_cls=RECEIVER, **extra)
+
+
+def vllm_logprobs(llm) -> list[list[float]]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=t) for t in TOKENS], params, use_tqdm=False)
+    return [[lp[tok].logprob for lp, tok in zip(o.prompt_logprobs[1:], t[1:])] for o, t in zip(outs, TOKENS)]
+
+
+def logprob_diff(a: list[list[float]], b: list[list[float]]) -> tuple[float, float]:
+    diffs = [abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra, rb)]
+    return max(diffs), sum(diffs) / len(diffs)
+
+
+# ------------------------------------------------------------------------------------------------ one size
+
+def run_size(size: str, args, cuda: bool, work: Path) -> dict:
+    from weight_transfer.config import WeightTransferConfig
+    from weight_transfer.coordinator import WeightTransferCoordinator
+    from weight_transfer.replicas import LLMReplica
+
+    t_size = time.perf_counter()
+    hf_dir = work / size
+    write_config(hf_dir, SHAPES[size], "bfloat16" if cuda else "float32")
+    trainer = TrainerSenders(cuda)
+    llm = None
+    try:
+        wrote = trainer.call("write", str(hf_dir))
+        print(f"[{size}] random checkpoint {wrote['bytes'] / 1e9:.2f} GB written in {wrote['seconds']:.1f} s", flush=True)
+        plans = {mb: build_plan(hf_dir, mb * MiB) for mb in args.buckets}
+        messages = {mb: [b.nbytes for b in plan.buckets] for mb, plan in plans.items()}
+        bare = bare_broadcast(messages, args.bare_reps, cuda)
+        print(f"[{size}] bare broadcast medians (s): {bare}", flush=True)
+        trainer.post("build", str(hf_dir))  # megatron builds on GPU 0 while vLLM starts on GPU 1
+        t0 = time.perf_counter()
+        llm = make_llm(hf_dir, cuda, args.gpu_memory_utilization)
+        print(f"[{size}] vLLM engine up in {time.perf_counter() - t0:.1f} s", flush=True)
+        built = trainer.result()
+        print(f"[{size}] MegatronPolicy {built['params'] / 1e9:.2f}B params built+updated in {built['seconds']:.1f} s", flush=True)
+        before = vllm_logprobs(llm)
+        replica = LLMReplica(llm, "vllm")
+        rows = []
+        for mb in args.buckets:
+            plan = plans[mb]
+            trainer.plan = plan
+            config = WeightTransferConfig(transport={"type": "broadcast"}, bucket_size_mb=mb, timeout_s=args.timeout)
+            coordinator = WeightTransferCoordinator(config, plan, [replica], trainer)
+            transfer, load, sender = [], [], []
+            for i in range(args.reps + 1):
+                metrics = coordinator.update(len(rows) * 100 + i + 1)
+                if metrics["weight_transfer/retries"] or metrics["weight_transfer/quarantined"]:
+                    raise RuntimeError(f"[{size}] {mb} MiB: update needed retries or quarantined: {metrics}")
+                if i:  # the first update of a session sets up the NCCL communicators
+                    transfer.append(metrics["weight_transfer/transfer_seconds"])
+                    load.append(metrics["weight_transfer/load_seconds"])
+                    sender.append(trainer.last_sender_seconds[-1])
+            trainer.disconnect()
+            replica.call("wt_close_transport", {}, 60)
+            seconds, bare_s = statistics.median(transfer), bare[mb]
+            row = dict(size=size, bucket_mb=mb, buckets=len(plan.buckets), bytes=plan.nbytes, transfer_s=seconds,
+                       sender_s=statistics.median(sender), load_s=statistics.median(load),
+                       gbps=plan.nbytes / seconds / 1e9, bare_s=bare_s, bare_gbps=plan.nbytes / bare_s / 1e9)
+            row["ratio"] = row["gbps"] / row["bare_gbps"]
+            rows.append(row)
+            print(format_row(row), flush=True)
+        assert replica.serving
+        after = vllm_logprobs(llm)
+        moved = logprob_diff(before, built["logprobs"])
+        diff = logprob_diff(after, built["logprobs"])
+        logprobs = dict(max=diff[0], mean=diff[1], before_max=moved[0], before_mean=moved[1],
+                        ok=diff[0] <= LOGPROB_TOL_MAX and diff[1] <= LOGPROB_TOL_MEAN and moved[0] > 2 * diff[0])
+        print(f"[{size}] vLLM vs megatron log-probs after the update: max {diff[0]:.4f} mean {diff[1]:.4f} nats "
+              f"(tolerance max {LOGPROB_TOL_MAX}, mean {LOGPROB_TOL_MEAN}); before it: max {moved[0]:.4f} "
+              f"mean {moved[1]:.4f} -> {'OK' if logprobs['ok'] else 'FAIL'}", flush=True)
+        return dict(rows=rows, logprobs=logprobs, seconds=time.perf_counter() - t_size)
+    finally:
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+        trainer.shutdown()
+
+
+# ------------------------------------------------------------------------------------------------- output
+
+HEADER = ("| model | bucket | buckets | bytes | transfer s | sender s | GB/s | bare s | bare GB/s | ratio | vLLM load s |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def format_row(r: dict) -> str:
+    return (f"| {r['size']} | {r['bucket_mb']} MiB | {r['buckets']} | {r['bytes'] / 1e9:.3f} GB | {r['transfer_s']:.4f} "
+            f"| {r['sender_s']:.4f} | {r['gbps']:.1f} | {r['bare_s']:.4f} | {r['bare_gbps']:.1f} | {r['ratio']:.0%} "
+            f"| {r['load_s']:.3f} |")
+
+
+def print_table(results: dict, target: float) -> bool:
+    print("\n" + HEADER)
+    ok = True
+    for res in results.values():
+        for r in res["rows"]:
+            print(format_row(r))
+    print(f"\ntarget: >= {target:.0%} of the bare broadcast at >= 1 GiB buckets; vLLM log-probs within "
+          f"max {LOGPROB_TOL_MAX} / mean {LOGPROB_TOL_MEAN} nats of megatron's (bf16 both sides)")
+    for size, res in results.items():
+        big = [r for r in res["rows"] if r["bucket_mb"] >= 1024]
+        hit = all(r["ratio"] >= target for r in big)
+        ratios = ", ".join("%d MiB %.0f%%" % (r["bucket_mb"], 100 * r["ratio"]) for r in big) or "no bucket >= 1 GiB"
+        print(f"{size}: bandwidth target {'met' if hit else 'MISSED'} ({ratios}); "
+              f"log-probs {'OK' if res['logprobs']['ok'] else 'FAIL'}; {res['seconds']:.0f} s")
+        ok = ok and res["logprobs"]["ok"]
+    return ok
+
+
+def _parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="1b,7b", help="comma-separated: 1b, 7b (tiny for --dry-run)")
+    p.add_argument("--buckets", default=",".join(map(str, BUCKETS_MB)), help="bucket sizes in MiB, comma-separated")
+    p.add_argument("--reps", type=int, default=3, help="timed updates per bucket size (after one warm-up)")
+    p.add_argument("--bare-reps", type=int, default=5, help="timed bare broadcasts per bucket size (after one warm-up)")
+    p.add_argument("--target", type=float, default=0.8, help="bandwidth ratio target at >= 1 GiB buckets")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    p.add_argument("--timeout", type=float, default=300.0, help="transport timeout, seconds")
+    p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--workdir", default=None, help="where the random checkpoints go (default: a temp dir)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="CPU: tiny model, gloo broadcast, vLLM on CPU, KiB buckets (checks the code path, not speed)")
+    args = p.parse_args(argv)
+    args.sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    args.buckets = [int(b) for b in args.buckets.split(",")]
+    if args.dry_run:
+        args.sizes, args.reps, args.bare_reps = ["tiny"], 1, 2
+        args.buckets = [b for b in args.buckets if b <= 1] or [1]
+    for s in args.sizes:
+        if s not in SHAPES:
+            p.error(f"--sizes: unknown {s!r}; use 1b, 7b")
+    return args
+
+
+def main(argv=None) -> int:
+    args = _parse(argv)
+    cuda = not args.dry_run
+    if cuda:
+        # This process only drives vLLM: it and the engine it starts see GPU 1 alone; the trainer and the
+        # bare-broadcast ranks set their own device before touching CUDA.
+        os.environ["CUDA_VISIBLE_DEVICES"] = "1"
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_nccl_transfer."))
+    results = {}
+    t0 = time.perf_counter()
+    try:
+        for size in args.sizes:
+            results[size] = run_size(size, args, cuda, work)
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    ok = print_table(results, args.target)
+    print(f"total {time.perf_counter() - t0:.0f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"results": results, "tolerance": {
+            "max": LOGPROB_TOL_MAX, "mean": LOGPROB_TOL_MEAN}, "target": args.target}, indent=1))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
