@@ -46,7 +46,7 @@ BUCKETS_MB = (64, 256, 1024, 4096)
 SHAPES = {  # layers, hidden, heads, kv heads, ffn, vocab
     "1b": (16, 2048, 16, 4, 5632, 32768),
     "7b": (32, 4096, 32, 32, 11008, 32768),
-    "tiny": (2, 64, 4, 2, 128, 2048),
+    "tiny": (2, 128, 4, 2, 256, 2048),  # head_dim 32: vLLM's CPU attention needs >= 32
 }
 # The fixed prompt (same tokens as the CPU weight-transfer tests).
 TOKENS = [[5, 17, 300, 42, 7, 999, 1234, 64, 88, 2000, 3, 11, 512, 77, 1500, 9],
