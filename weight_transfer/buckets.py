@@ -41,15 +41,6 @@ class Bucket:
     nbytes: int
     slots: tuple[Slot, ...]
 
-    def to_dict(self) -> dict:
-        return {"index": self.index, "sender": self.sender, "nbytes": self.nbytes,
-                "slots": [[s.name, s.offset, list(s.shape), s.dtype, s.nbytes] for s in self.slots]}
-
-    @classmethod
-    def from_dict(cls, raw: dict) -> Bucket:
-        slots = tuple(Slot(n, o, tuple(sh), d, nb) for n, o, sh, d, nb in raw["slots"])
-        return cls(raw["index"], raw["sender"], raw["nbytes"], slots)
-
 
 def assign_buckets(entries, bucket_bytes: int) -> list[Bucket]:
     """Fill buckets per sender in entry order; interleave senders round-robin for the global order."""

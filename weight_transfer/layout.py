@@ -12,7 +12,7 @@ from dataclasses import dataclass
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
 _EXPERT = re.compile(r"\.experts\.(\d+)\.")
 
-# HF suffix -> the dimension Megatron splits across TP ranks (column-parallel 0, row-parallel 1).
+# HF name suffix (last two dotted parts) -> the dimension Megatron splits across TP ranks (column-parallel 0, row-parallel 1).
 # Anything not listed (norms, router gate) is replicated on every TP rank.
 TP_SPLIT_DIM = {
     "embed_tokens.weight": 0, "lm_head.weight": 0,
@@ -78,7 +78,4 @@ class TrainerLayout:
 
 def tp_split_dim(name: str) -> int | None:
     """The dimension split across TP ranks for ``name``, or None when every TP rank holds all of it."""
-    for suffix, dim in TP_SPLIT_DIM.items():
-        if name.endswith(suffix):
-            return dim
-    return None
+    return TP_SPLIT_DIM.get(".".join(name.rsplit(".", 2)[-2:]))

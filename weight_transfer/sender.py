@@ -23,14 +23,19 @@ class _OpenBucket:
 
 
 def send_weights(plan: TransferPlan, rank: int, weights: Iterable[tuple[str, torch.Tensor]],
-                 transport: SenderTransport, version: int, device: torch.device,
+                 transport: SenderTransport | None, version: int, device: torch.device,
                  digests: bool = False) -> dict:
     """Send ``rank``'s buckets of ``plan``; tensors the plan gives to other ranks are skipped.
+
+    The iterator is always exhausted (an exporter's collectives need every rank); a rank the plan gives no
+    bucket may pass ``transport=None``.
 
     Returns ``{"buckets": {index: checksum}, "tensors": {name: sha256}}`` (tensors only when ``digests``).
     Raises ValueError for a name the plan lacks or a planned tensor the iterator never yielded.
     """
     mine = plan.buckets_of(rank)
+    if mine and transport is None:
+        raise ValueError(f"rank {rank}: sends {len(mine)} buckets of plan {plan.fingerprint} but has no transport")
     where = {s.name: b for b in plan.buckets for s in b.slots}
     open_: dict[int, _OpenBucket] = {}
     full: dict[int, _OpenBucket] = {}
@@ -59,5 +64,6 @@ def send_weights(plan: TransferPlan, rank: int, weights: Iterable[tuple[str, tor
     if next_bucket is not None:
         missing = sorted(n for b in open_.values() for n in b.missing) or [s.name for s in next_bucket.slots]
         raise ValueError(f"rank {rank}: the trainer never gave {missing[:5]} (plan {plan.fingerprint})")
-    transport.finish(version)
+    if transport is not None:
+        transport.finish(version)
     return out

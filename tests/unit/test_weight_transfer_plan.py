@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -25,7 +27,7 @@ def moe_specs(layers=4, experts=4, hidden=8, inter=16) -> list[TensorSpec]:
 
 def test_each_stage_and_expert_rank_sends_its_own_tensors():
     layout = TrainerLayout(num_layers=4, tp=2, pp=2, dp=2, ep=2, num_experts=4)
-    plan = TransferPlan.build(moe_specs(), layout, bucket_bytes=1 << 20)
+    plan = TransferPlan.build(moe_specs(), layout, bucket_bytes=1 << 20, senders="spread")
     by_name = {e.spec.name: e for e in plan.entries}
     # rank = tp + 2 * (dp + 2 * pp): stage 1 starts at rank 4, expert rank 1 adds 2
     assert by_name["model.embed_tokens.weight"].sender in (0, 1)
@@ -36,6 +38,32 @@ def test_each_stage_and_expert_rank_sends_its_own_tensors():
     assert plan.senders == list(range(8)), "both TP ranks of every group send, no rank gathers the model"
     for bucket in plan.buckets:
         assert {by_name[s.name].sender for s in bucket.slots} == {bucket.sender}
+
+
+def test_owner_rule_sends_from_the_rank_that_exports_each_tensor():
+    # parallel.weights.hf_export yields a tensor on TP rank 0 and data-parallel rank 0 of its group only
+    layout = TrainerLayout(num_layers=4, tp=2, pp=2, dp=2, ep=2, num_experts=4)
+    plan = TransferPlan.build(moe_specs(), layout, bucket_bytes=1 << 20)
+    by_name = {e.spec.name: e.sender for e in plan.entries}
+    assert by_name["model.embed_tokens.weight"] == 0 and by_name["lm_head.weight"] == 4
+    assert by_name["model.layers.1.self_attn.q_proj.weight"] == 0, "dense tensors: dp rank 0 of stage 0"
+    assert by_name["model.layers.1.mlp.experts.3.down_proj.weight"] == 2, "expert rank 1 is dp rank 1"
+    assert by_name["model.layers.3.mlp.experts.2.down_proj.weight"] == 6
+    assert plan.senders == [0, 2, 4, 6], "TP rank 1 of every group only takes part in the gather"
+    with pytest.raises(ValueError, match="senders='tp1'"):
+        TransferPlan.build(moe_specs(), layout, 1 << 20, senders="tp1")
+
+
+def test_plan_of_deepseek_v3_size_builds_in_about_a_second():
+    specs = [TensorSpec(f"model.layers.{i}.mlp.experts.{e}.{p}.weight", (2048, 7168), "bfloat16")
+             for i in range(61) for e in range(256) for p in ("gate_proj", "up_proj", "down_proj")]
+    layout = TrainerLayout(num_layers=61, pp=16, dp=16, ep=16, num_experts=256)
+    start = time.process_time()
+    plan = TransferPlan.build(specs, layout, 512 << 20)
+    again = TransferPlan.from_json(plan.to_json())
+    seconds = time.process_time() - start
+    assert again.fingerprint == plan.fingerprint and len(plan.entries) == 46848
+    assert seconds < 6, f"plan build + JSON round trip took {seconds:.1f} s of CPU for 46848 tensors"
 
 
 def test_shards_follow_tensor_parallel_splits():
@@ -50,7 +78,7 @@ def test_shards_follow_tensor_parallel_splits():
 
 def test_buckets_respect_size_alignment_and_global_order():
     layout = TrainerLayout(num_layers=4, tp=2)
-    plan = TransferPlan.build(moe_specs(), layout, bucket_bytes=1024)
+    plan = TransferPlan.build(moe_specs(), layout, bucket_bytes=1024, senders="spread")
     assert [b.index for b in plan.buckets] == list(range(len(plan.buckets)))
     for b in plan.buckets:
         assert b.nbytes % ALIGN == 0 and all(s.offset % ALIGN == 0 for s in b.slots)

@@ -39,7 +39,7 @@ def _plan(tp: int) -> tuple[TransferPlan, dict[str, torch.Tensor]]:
     gen = torch.Generator().manual_seed(1)
     tensors = {f"model.layers.{i}.mlp.up_proj.weight": torch.randn(16, 8, generator=gen) for i in range(6)}
     specs = [TensorSpec(n, tuple(t.shape), "float32") for n, t in tensors.items()]
-    return TransferPlan.build(specs, TrainerLayout(num_layers=6, tp=tp), bucket_bytes=1024), tensors
+    return TransferPlan.build(specs, TrainerLayout(num_layers=6, tp=tp), bucket_bytes=1024, senders="spread"), tensors
 
 
 def test_sender_streams_every_bucket_through_shared_memory(tmp_path):
@@ -68,3 +68,21 @@ def test_sender_refuses_unknown_and_missing_tensors(tmp_path):
     partial = list(tensors.items())[:-1]
     with pytest.raises(ValueError, match="never gave.*layers.5"):
         send_weights(plan, 0, partial, transport, 1, torch.device("cpu"))
+
+
+def test_rank_without_buckets_drains_its_iterator_without_a_transport():
+    # with the owner rule, TP rank 1 sends nothing but must still run its export (it takes part in gathers)
+    gen = torch.Generator().manual_seed(2)
+    tensors = {f"model.layers.{i}.mlp.up_proj.weight": torch.randn(16, 8, generator=gen) for i in range(2)}
+    specs = [TensorSpec(n, tuple(t.shape), "float32") for n, t in tensors.items()]
+    plan = TransferPlan.build(specs, TrainerLayout(num_layers=2, tp=2), bucket_bytes=1024)
+    assert plan.senders == [0]
+    drained = []
+
+    def export():
+        for pair in tensors.items():
+            drained.append(pair[0])
+            yield pair
+
+    assert send_weights(plan, 1, export(), None, 1, torch.device("cpu")) == {"buckets": {}, "tensors": {}}
+    assert drained == list(tensors)

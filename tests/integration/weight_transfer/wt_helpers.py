@@ -54,11 +54,12 @@ class PerturbedWeights:
             yield pair
 
 
-def plan_for(model_dir: Path, tp: int, bucket_bytes: int) -> TransferPlan:
+def plan_for(model_dir: Path, tp: int, bucket_bytes: int, senders: str = "spread") -> TransferPlan:
+    """``spread``: PerturbedWeights yields every tensor on every rank, so both TP ranks send."""
     config = transformers.AutoConfig.from_pretrained(model_dir)
     experts = getattr(config, "num_experts", 0) or 0
     layout = TrainerLayout(num_layers=config.num_hidden_layers, tp=tp, num_experts=experts)
-    return TransferPlan.build(specs_from_tensors(checkpoint(model_dir)), layout, bucket_bytes)
+    return TransferPlan.build(specs_from_tensors(checkpoint(model_dir)), layout, bucket_bytes, senders=senders)
 
 
 def make_llm(model_dir: Path):
