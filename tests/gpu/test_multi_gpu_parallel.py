@@ -60,6 +60,8 @@ def _diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> tuple[float, 
                          ids=["qwen3-tp2", "qwen3_moe-ep2", "qwen3_moe-tp2"])
 def test_two_gpu_layout_equals_one_gpu(arch, layout, models, tmp_path):
     batch = _batch()
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
     ((logp1, ent1, _),) = run_ranks(logprobs_rank, 1, tmp_path / "one", [(models[arch], _cfg(1))], batch)[0]
     ranks = run_ranks(logprobs_rank, 2, tmp_path / "two", [(models[arch], _cfg(2, **layout))], batch)
     mask = batch.attention_mask.bool().clone()
