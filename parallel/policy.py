@@ -74,6 +74,35 @@ class MegatronPolicy:
         self.steps += 1
         return metrics
 
+    def save(self, path: str | Path) -> None:
+        """Write model, optimizer, LR schedule, RNG and step count into ``path`` (collective: all ranks).
+
+        ``path`` is filled completely or RuntimeError is raised; atomic publishing (temp folder,
+        rename, tracker) is the caller's (``megatron_rl.checkpoint.save_checkpoint``).
+        """
+        from parallel.dist_checkpoint import save_trainer
+
+        save_trainer(path, self.model, self.optimizer, self.scheduler, self.pgs, {"steps": self.steps})
+
+    def load(self, path: str | Path) -> None:
+        """Restore what :meth:`save` wrote, also from another TP/PP/EP/DP layout (collective)."""
+        from parallel.dist_checkpoint import load_trainer
+
+        self.steps = int(load_trainer(path, self.model, self.optimizer, self.scheduler, self.pgs)["steps"])
+
+    def memory(self) -> dict[str, int]:
+        """This rank's bytes: params, grads, optimizer, rss; on GPU also cuda_allocated and cuda_peak."""
+        from parallel.memory import memory_report
+
+        return memory_report(self.model, self.optimizer)
+
+    def save_hf(self, path: str | Path) -> Path:
+        """Write the current weights as an HF checkpoint (safetensors per rank + index, config and
+        tokenizer from the source directory) that ``AutoModelForCausalLM.from_pretrained`` loads."""
+        from parallel.weights.hf_save import save_hf_checkpoint
+
+        return save_hf_checkpoint(self.model, self.pgs, path, self.hf_dir)
+
     def export_weights(self):
         """(HF name, tensor) pairs this rank owns; every rank must consume its iterator."""
         from parallel.weights.hf_export import iter_hf_weights

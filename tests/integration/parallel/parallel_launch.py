@@ -29,13 +29,19 @@ def _entry(rank: int, world: int, port: int, out_dir: str, fn, args) -> None:
     torch.save(result, Path(out_dir, f"rank{rank}.pt"))
 
 
-def run_ranks(fn, world: int, out_dir: Path, *args, timeout: float = 240.0) -> list:
-    """``fn(rank, world, init_method, *args)`` on ``world`` processes; their results in rank order."""
+def start_ranks(fn, world: int, out_dir: Path, *args) -> list:
+    """Start ``fn(rank, world, init_method, *args)`` on ``world`` spawned processes; return them."""
     ctx = mp.get_context("spawn")
     port = free_port()
     procs = [ctx.Process(target=_entry, args=(r, world, port, str(out_dir), fn, args)) for r in range(world)]
     for p in procs:
         p.start()
+    return procs
+
+
+def run_ranks(fn, world: int, out_dir: Path, *args, timeout: float = 240.0) -> list:
+    """``fn(rank, world, init_method, *args)`` on ``world`` processes; their results in rank order."""
+    procs = start_ranks(fn, world, out_dir, *args)
     for p in procs:
         p.join(timeout)
     for p in procs:

@@ -131,3 +131,56 @@ def batch_with(batch, **changes):
     import dataclasses
 
     return dataclasses.replace(batch, **changes)
+
+
+def checkpoint_rank(rank, world, init_method, hf_dir, cfg, algorithm, batch, load_from, save_to, hf_out, refuse=None):
+    """Optionally load ``load_from``; log-probs; one step; optionally save (run checkpoint) and export HF;
+    one more step; log-probs. Returns (log-probs at the checkpoint, after the next step, steps, memory,
+    the ValueError message of loading ``refuse``)."""
+    enable_cpu()
+    from megatron_rl.checkpoint import save_checkpoint
+    from parallel.policy import MegatronPolicy
+
+    policy = MegatronPolicy(hf_dir, cfg, algorithm, rank, world, init_method)
+    refused = None
+    if refuse is not None:
+        try:
+            policy.load(refuse)
+        except ValueError as e:
+            refused = str(e)
+    if load_from is not None:
+        policy.load(load_from)
+    else:
+        policy.train_step(batch)
+    at_checkpoint = policy.compute_logprobs(batch)[0]
+    if save_to is not None:
+        save_checkpoint(save_to, policy.steps, policy.save, {"step": policy.steps}, keep=3)
+    if hf_out is not None:
+        policy.save_hf(hf_out)
+    steps = policy.steps
+    memory = policy.memory()
+    policy.train_step(batch)
+    return at_checkpoint, policy.compute_logprobs(batch)[0], steps, memory, refused
+
+
+def stalled_save_rank(rank, world, init_method, hf_dir, cfg, algorithm, batch, root, stalled_flag):
+    """Start a run checkpoint and stall it after the shard files are written, before ``metadata.json``
+    (the file dist_checkpointing writes last), so the parent can SIGKILL it mid-save."""
+    enable_cpu()
+    import time
+    from pathlib import Path
+
+    from megatron.core.dist_checkpointing import serialization
+
+    from megatron_rl.checkpoint import save_checkpoint
+    from parallel.policy import MegatronPolicy
+
+    def stall(*_args, **_kwargs):
+        Path(stalled_flag).write_text("stalled")
+        time.sleep(600)
+
+    policy = MegatronPolicy(hf_dir, cfg, algorithm, rank, world, init_method)
+    policy.train_step(batch)
+    policy.train_step(batch)
+    serialization.save_config = stall
+    save_checkpoint(root, policy.steps, policy.save, {"step": policy.steps}, keep=3)

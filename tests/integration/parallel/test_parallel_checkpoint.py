@@ -1,0 +1,122 @@
+"""Trainer checkpoints and HF export.
+
+One rank trains a step at TP=1 and writes a run checkpoint (``megatron_rl.checkpoint`` around
+``MegatronPolicy.save``) and an HF export. A second run is SIGKILLed mid-save (shard files written,
+``metadata.json`` not yet): the tracker still names the first checkpoint, the partial folder is
+refused, and two ranks at TP=2 load the first checkpoint with the same log-probs, then take the same
+next step (optimizer and schedule restored). transformers loads the exports with Megatron's log-probs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+import torch
+from parallel_launch import run_ranks, start_ranks
+from parallel_ranks import checkpoint_rank, stalled_save_rank, trainer_config
+from test_parallel_parity import hf_reference
+
+from megatron_rl.algorithms.config import AlgorithmConfig
+from megatron_rl.checkpoint import latest_checkpoint
+from parallel.config import OptimizerConfig
+
+TOL = 1e-5
+STEP_TOL = 1e-4  # after a further Adam step from TP=1 vs TP=2 gradients (equal to ~1e-7)
+
+
+def _cfg(tp=1):
+    optimizer = OptimizerConfig(lr=1e-3, min_lr=1e-4, lr_decay_steps=3, lr_decay_style="linear")
+    return trainer_config(tp=tp, num_ranks=tp, max_tokens_per_micro_batch=24, optimizer=optimizer)
+
+
+@pytest.fixture(scope="module")
+def graded(batch):
+    out = batch.select(list(range(batch.num_rows)))
+    out.advantages = out.loss_mask * torch.tensor([1.0, -1.0, 1.0])[:, None]
+    return out
+
+
+@pytest.fixture(scope="module")
+def saved(tiny, graded, tmp_path_factory):
+    """(run root, HF export dir, TP=1 result) after one step and a checkpoint at step 1."""
+    base = tmp_path_factory.mktemp("ckpt")
+    root, hf_out = base / "run", base / "hf"
+    (result,) = run_ranks(checkpoint_rank, 1, base, tiny["qwen3"], _cfg(), AlgorithmConfig(), graded, None, root, hf_out)
+    return root, hf_out, result
+
+
+@pytest.fixture(scope="module")
+def killed(tiny, graded, saved, tmp_path_factory):
+    """The run root after a save of step 2 was SIGKILLed between its shard files and metadata.json."""
+    root = saved[0]
+    out = tmp_path_factory.mktemp("killed")
+    flag = out / "stalled"
+    (proc,) = start_ranks(stalled_save_rank, 1, out, tiny["qwen3"], _cfg(), AlgorithmConfig(), graded, root, flag)
+    deadline = time.monotonic() + 240
+    while not flag.exists() and proc.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert flag.exists(), f"the save never reached its last file (exit code {proc.exitcode})"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(30)
+    assert proc.exitcode == -signal.SIGKILL
+    return root
+
+
+@pytest.fixture(scope="module")
+def loaded_tp2(tiny, graded, killed, tmp_path_factory):
+    path, loop_state = latest_checkpoint(killed)
+    out = tmp_path_factory.mktemp("tp2")
+    ranks = run_ranks(
+        checkpoint_rank, 2, out, tiny["qwen3"], _cfg(tp=2), AlgorithmConfig(), graded, path / "trainer", None, out / "hf",
+        killed / "step_2.tmp" / "trainer",
+    )
+    return path, loop_state, ranks, out / "hf"
+
+
+def test_killed_save_leaves_previous_checkpoint_latest(killed):
+    partial = killed / "step_2.tmp" / "trainer"
+    assert any(partial.glob("*.distcp")), "the killed save should have written shard files"
+    assert not (partial / "metadata.json").exists()
+    assert not (killed / "step_2").exists()
+    path, loop_state = latest_checkpoint(killed)
+    assert path == killed / "step_1" and loop_state == {"step": 1}
+
+
+def test_incomplete_checkpoint_is_refused(loaded_tp2):
+    for *_, refused in loaded_tp2[2]:
+        assert refused is not None and "incomplete" in refused and "step_2.tmp" in refused
+
+
+def test_tp1_checkpoint_loads_at_tp2_with_identical_logprobs(saved, loaded_tp2):
+    at_save, after_next, steps, _, _ = saved[2]
+    _, _, ranks, _ = loaded_tp2
+    for at_load, after_next_tp2, loaded_steps, _, _ in ranks:
+        assert loaded_steps == steps == 1
+        assert (at_load - at_save).abs().max() < TOL
+        # the next step equals the TP=1 run's: Adam moments and the LR schedule were restored
+        assert (after_next_tp2 - after_next).abs().max() < STEP_TOL
+        assert (after_next_tp2 - at_load).abs().max() > 100 * STEP_TOL, "the next step should move the log-probs"
+
+
+def test_hf_export_loads_in_transformers_with_megatron_logprobs(saved, loaded_tp2, graded, tiny):
+    _, hf_out, (at_save, *_) = saved
+    for export, want in ((hf_out, at_save), (loaded_tp2[3], loaded_tp2[2][0][0])):
+        index = json.loads((export / "model.safetensors.index.json").read_text())
+        assert set(index["weight_map"].values()) == {p.name for p in export.glob("*.safetensors")}
+        assert (export / "tokenizer.json").exists() and (export / "config.json").exists()
+        logp, _ = hf_reference(str(export), graded)
+        assert (logp - want).abs().max() < TOL
+    original, _ = hf_reference(tiny["qwen3"], graded)
+    assert (original - at_save).abs().max() > 100 * TOL, "the export should hold the trained, not the original, weights"
+
+
+def test_memory_report_counts_this_ranks_state(saved, loaded_tp2):
+    one = saved[2][3]
+    two = loaded_tp2[2][0][3]
+    assert one["params"] > 0 and one["grads"] >= one["params"] and one["optimizer"] >= 2 * one["params"]
+    assert one["rss"] > one["params"]
+    assert two["params"] < one["params"]  # TP=2 holds about half of each split matrix
