@@ -110,7 +110,7 @@ CASES = [
      TrainerLayout(num_layers=48, tp=2, dp=8, ep=8, num_experts=128), Fleet(2, 2, inference_tp=4),
      "Miles 2 nodes: NCCL 2.67 s, RDMA 2.16 s; NeMo-RL reshard 0.74-1.00 s"),
     ("Qwen3-235B-A22B", lambda: _moe_specs(94, 4096, 64, 4, 128, 128, 1536, 151936),
-     TrainerLayout(num_layers=94, tp=4, pp=4, dp=4, ep=4, num_experts=128), Fleet(2, 2, inference_tp=8),
+     TrainerLayout(num_layers=94, tp=2, pp=2, dp=4, ep=4, num_experts=128), Fleet(2, 2, inference_tp=8),
      "SkyRL 2+2 nodes: broadcast 64.72 s, NIXL pull 3.54 s"),
     ("Qwen3-235B-A22B", lambda: _moe_specs(94, 4096, 64, 4, 128, 128, 1536, 151936),
      TrainerLayout(num_layers=94, tp=4, pp=4, dp=4, ep=4, num_experts=128), Fleet(8, 8, inference_tp=8),

@@ -32,6 +32,10 @@ def project(plan: TransferPlan, fleet: Fleet, links: Links) -> dict[str, float]:
     """Seconds for two receive schemes. ``broadcast``: every inference worker gets every HF tensor (as this
     module's broadcast does); a pipelined ring brings the model onto each node once and fans it out over
     NVLink. ``sharded``: each inference GPU receives only its 1/inference_tp share (reshard on the sender)."""
+    trainer_gpus = fleet.trainer_nodes * fleet.gpus_per_node
+    if plan.layout.world_size != trainer_gpus:
+        raise ValueError(f"projection: the layout has {plan.layout.world_size} trainer ranks, the fleet "
+                         f"{fleet.trainer_nodes} nodes x {fleet.gpus_per_node} GPUs = {trainer_gpus}")
     per_rank: dict[int, int] = {}
     for bucket in plan.buckets:
         per_rank[bucket.sender] = per_rank.get(bucket.sender, 0) + bucket.nbytes

@@ -10,6 +10,7 @@ import torch
 from weight_transfer.buckets import ALIGN, pack, unpack
 from weight_transfer.layout import TrainerLayout
 from weight_transfer.plan import TensorSpec, TransferPlan, natural_key
+from weight_transfer.projection import Fleet, Links, project
 
 
 def moe_specs(layers=4, experts=4, hidden=8, inter=16) -> list[TensorSpec]:
@@ -129,3 +130,18 @@ def test_duplicate_names_and_bad_layouts_are_refused():
 
 def test_natural_order_puts_layer_2_before_layer_10():
     assert sorted(["layers.10.w", "layers.2.w"], key=natural_key) == ["layers.2.w", "layers.10.w"]
+
+
+def test_projection_by_hand_and_fleet_size_check():
+    specs = [TensorSpec(f"model.layers.0.mlp.experts.{e}.up_proj.weight", (250_000,), "float32") for e in range(2)]
+    plan = TransferPlan.build(specs, TrainerLayout(num_layers=1, dp=2, ep=2, num_experts=2), 1 << 20)
+    assert plan.senders == [0, 1] and plan.nbytes == 2_000_000
+    links = Links(inter_node_gbps=1.0, intra_node_gbps=2.0)
+    p = project(plan, Fleet(trainer_nodes=2, inference_nodes=1, gpus_per_node=1, inference_tp=1), links)
+    # each trainer node sends 1 MB (1 ms at 1 GB/s); the inference node takes in 2 MB (2 ms), fans out at 2 GB/s (1 ms)
+    assert p["sender_node_egress_s"] == pytest.approx(1e-3) and p["broadcast_s"] == pytest.approx(2e-3)
+    p = project(plan, Fleet(trainer_nodes=1, inference_nodes=1, gpus_per_node=2, inference_tp=1), links)
+    # one trainer node sends both; two single-GPU replicas on the inference node each take the whole model
+    assert p["sender_node_egress_s"] == pytest.approx(2e-3) and p["sharded_s"] == pytest.approx(4e-3)
+    with pytest.raises(ValueError, match="2 trainer ranks.*4 nodes x 1 GPUs"):
+        project(plan, Fleet(trainer_nodes=4, inference_nodes=1, gpus_per_node=1), links)
