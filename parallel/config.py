@@ -118,9 +118,10 @@ class TrainerConfig:
     max_tokens_per_micro_batch: int = 8192
     """Dynamic batching: padded tokens (rows x longest row) per micro-batch per rank."""
     use_transformer_engine: bool | None = None
-    """Layer spec: True for Transformer Engine, False for local modules, None for TE when it imports."""
+    """Layer spec: True for Transformer Engine, False for the fast local modules (SDPA/varlen attention,
+    grouped-GEMM experts), None for TE when it imports and the fast modules otherwise."""
     attention_backend: str = "sdpa"
-    """Core attention of the local spec: sdpa (torch scaled_dot_product_attention) or local."""
+    """Without TE: sdpa (the fast spec) or local (megatron-core's own unfused local spec)."""
 
     def __post_init__(self) -> None:
         _require(self.num_ranks >= 1, "trainer.num_ranks", f"must be >= 1, got {self.num_ranks}")

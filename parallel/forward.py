@@ -31,6 +31,18 @@ def causal_mask(seq_len: int) -> torch.Tensor:
     return torch.triu(torch.ones(seq_len, seq_len, dtype=torch.bool, device=device()), diagonal=1)[None, None]
 
 
+def attention_mask_for(model, seq_len: int) -> torch.Tensor | None:
+    """None when the core attention is the fast spec's SDPA (causal by itself, flash kernels on GPU),
+    else the explicit causal mask megatron's local attention needs."""
+    from parallel.layers.attention import SDPAttention
+    from parallel.weights.placement import unwrap
+
+    layers = unwrap(model).decoder.layers
+    if len(layers) and isinstance(layers[0].self_attention.core_attention, SDPAttention):
+        return None
+    return causal_mask(seq_len)
+
+
 LossFn = Callable[[MicroBatch, torch.Tensor], tuple[torch.Tensor, dict]]
 """``(micro_batch, output of the last stage) -> (loss, reduced dict)``."""
 
@@ -55,7 +67,7 @@ def run_schedule(
         positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
         if before_forward is not None:
             before_forward(mb)
-        output = model_chunk(ids, positions, causal_mask(ids.shape[1]))
+        output = model_chunk(ids, positions, attention_mask_for(model_chunk, ids.shape[1]))
         if after_forward is not None:
             after_forward(mb)
         return output, lambda out: loss_fn(mb, out)

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import dataclasses
-import importlib.util
 from pathlib import Path
 
 import torch
 from megatron.core.models.gpt import GPTModel
-from megatron.core.models.gpt import gpt_layer_specs
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 from transformers import AutoConfig
 
 from parallel.architectures import architecture_of, rope_theta, transformer_config_kwargs, vocab_size
-from parallel.attention import SDPAttention
 from parallel.config import TrainerConfig
+from parallel.layers.spec import build_layer_spec
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -25,12 +22,15 @@ def load_hf_config(hf_dir: str | Path):
     return AutoConfig.from_pretrained(str(hf_dir), local_files_only=True)
 
 
-def use_transformer_engine(cfg: TrainerConfig) -> bool:
-    """True for the TE spec: when asked, or when unset and TE imports."""
-    available = importlib.util.find_spec("transformer_engine") is not None
-    if cfg.use_transformer_engine and not available:
-        raise ValueError("trainer.use_transformer_engine=true but transformer_engine is not installed")
-    return available if cfg.use_transformer_engine is None else cfg.use_transformer_engine
+def spec_preference(cfg: TrainerConfig) -> str:
+    """``prefer`` for :func:`build_layer_spec` from ``trainer.use_transformer_engine`` and
+    ``trainer.attention_backend``: te when asked, local when the local attention is asked, else
+    fast (False) or auto (None: TE when it imports, else fast)."""
+    if cfg.use_transformer_engine:
+        return "te"
+    if cfg.attention_backend == "local":
+        return "local"
+    return "fast" if cfg.use_transformer_engine is False else "auto"
 
 
 def transformer_config(hf_config, cfg: TrainerConfig, pg_collection) -> TransformerConfig:
@@ -48,20 +48,13 @@ def transformer_config(hf_config, cfg: TrainerConfig, pg_collection) -> Transfor
 
 
 def layer_spec(config: TransformerConfig, cfg: TrainerConfig) -> ModuleSpec:
-    """TE spec when TE is used, else the local spec (with SDPA core attention unless told otherwise)."""
-    experts = config.num_moe_experts
-    if use_transformer_engine(cfg):
-        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
-            num_experts=experts, qk_layernorm=config.qk_layernorm
+    """The decoder layer spec (``parallel.layers.spec``); its parameters map to HF names the same way."""
+    try:
+        return build_layer_spec(
+            config, moe=bool(config.num_moe_experts), qk_layernorm=bool(config.qk_layernorm), prefer=spec_preference(cfg)
         )
-    spec = gpt_layer_specs.get_gpt_layer_local_spec(
-        num_experts=experts, qk_layernorm=config.qk_layernorm, normalization="RMSNorm"
-    )
-    if cfg.attention_backend == "sdpa":
-        attn = spec.submodules.self_attention
-        attn_sub = dataclasses.replace(attn.submodules, core_attention=ModuleSpec(module=SDPAttention))
-        spec.submodules.self_attention = dataclasses.replace(attn, submodules=attn_sub)
-    return spec
+    except ValueError as e:
+        raise ValueError(f"trainer.use_transformer_engine: {e}") from e
 
 
 def build_model(hf_dir: str | Path, cfg: TrainerConfig, pg_collection) -> GPTModel:

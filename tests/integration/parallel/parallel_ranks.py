@@ -40,6 +40,8 @@ def batch_of(ids: list[list[int]], prompt_len: int = 2):
 
 
 def trainer_config(tp=1, pp=1, ep=1, **kw) -> TrainerConfig:
+    """The layout on the fewest ranks that hold it (``num_ranks`` is checked against it)."""
+    kw.setdefault("num_ranks", tp * pp * ep)
     return TrainerConfig(
         parallel=ParallelConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, expert_model_parallel_size=ep),
         **kw,
