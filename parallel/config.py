@@ -104,6 +104,22 @@ class OptimizerConfig:
 
 
 @dataclass
+class CriticConfig:
+    """The value model (``critic``)."""
+
+    value_clip: float | None = 0.2
+    """PPO value clip around the old values; null for the plain squared error."""
+    head_init_std: float = 0.0
+    """Std of the value head's initial weights; 0 starts every value at 0."""
+
+    def __post_init__(self) -> None:
+        if self.value_clip is not None and self.value_clip <= 0:
+            raise ValueError(f"critic.value_clip: must be > 0 or null, got {self.value_clip}")
+        if self.head_init_std < 0:
+            raise ValueError(f"critic.head_init_std: must be >= 0, got {self.head_init_std}")
+
+
+@dataclass
 class TrainerConfig:
     """The Megatron policy worker (``trainer``)."""
 

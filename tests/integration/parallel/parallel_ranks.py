@@ -186,3 +186,17 @@ def stalled_save_rank(rank, world, init_method, hf_dir, cfg, algorithm, batch, r
     policy.train_step(batch)
     serialization.save_config = stall
     save_checkpoint(root, policy.steps, policy.save, {"step": policy.steps}, keep=3)
+
+
+def critic_rank(rank, world, init_method, hf_dir, cfg, critic_cfg, batch, returns, steps):
+    """Initial values, then per step (values before the step, metrics) on a fixed batch and returns."""
+    enable_cpu()
+    from parallel.critic import MegatronCritic
+
+    critic = MegatronCritic(hf_dir, cfg, critic_cfg, rank, world, init_method)
+    initial = critic.compute_values(batch)
+    history = []
+    for _ in range(steps):
+        old = critic.compute_values(batch)
+        history.append((old, critic.train_step(batch, returns, old)))
+    return initial, history, critic.compute_values(batch)
