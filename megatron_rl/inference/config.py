@@ -35,8 +35,9 @@ class ServerConfig:
     """More ``vllm.entrypoints.openai.api_server`` flags, passed through verbatim."""
     startup_timeout_s: float = 300.0
     """Seconds to wait for a server's ``/health`` before giving up with its log tail."""
-    run_dir: str = "/tmp/megatron_rl_inference"
-    """Folder for server logs, vLLM caches, temp files and IPC sockets."""
+    run_dir: str = ""
+    """Folder for server logs, vLLM caches, temp files and IPC sockets; empty: the run folder's
+    ``inference/`` (a temporary folder outside a run)."""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import tempfile
+
 import atexit
 import logging
 
@@ -24,6 +27,8 @@ class LocalServers:
     def __init__(self, config: ServerConfig, num: int):
         if not config.model_path:
             raise ValueError("inference.server.model_path: empty; point it at an HF checkpoint directory")
+        if not config.run_dir:
+            config = dataclasses.replace(config, run_dir=tempfile.mkdtemp(prefix="megatron_rl_inference_"))
         on_cpu = _on_cpu()
         self.servers = [ManagedServer(config, i, on_cpu) for i in range(num)]
         self.timeout_s = config.startup_timeout_s

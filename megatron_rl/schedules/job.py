@@ -28,9 +28,10 @@ log = logging.getLogger("megatron_rl")
 WORKER_EXTENSION = "megatron_rl.inference.worker_extension.MegatronRLWorkerExtension"
 
 
-def _fleet_config(cfg: TrainConfig, model_path: str):
+def _fleet_config(cfg: TrainConfig, model_path: str, root: Path):
+    run_dir = cfg.inference.server.run_dir or str(root / "inference")
     server = dataclasses.replace(
-        cfg.inference.server, model_path=model_path, dtype=cfg.model.dtype, seed=cfg.run.seed,
+        cfg.inference.server, model_path=model_path, dtype=cfg.model.dtype, seed=cfg.run.seed, run_dir=run_dir,
         worker_extension=cfg.inference.server.worker_extension or WORKER_EXTENSION,
         max_model_len=max(cfg.inference.server.max_model_len, cfg.generator.max_input_length),
     )
@@ -63,7 +64,7 @@ async def _train(cfg: TrainConfig, folder: RunFolder, tracker: Tracker) -> LoopS
     world = cfg.trainer.num_ranks
     policy = WorkerGroup(model_path, cfg.trainer, cfg.algorithm, world_size=world)
     try:
-        async with InferenceFleet(_fleet_config(cfg, model_path)) as fleet:
+        async with InferenceFleet(_fleet_config(cfg, model_path, folder.root)) as fleet:
             plan = build_plan(Path(model_path), hf_config, cfg.trainer, world, cfg.weight_transfer.bucket_bytes)
             generator = Generator(fleet, tokenizer, cfg.generator, vocab_size=hf_config.vocab_size,
                                   env_configs=cfg.envs, num_experts=getattr(hf_config, "num_experts", None),
