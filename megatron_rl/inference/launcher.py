@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
-import tempfile
-
 import atexit
+import dataclasses
 import logging
+import tempfile
 
 from megatron_rl.inference.config import ServerConfig
 from megatron_rl.inference.server_process import ManagedServer, wait_healthy
