@@ -77,7 +77,12 @@ class WeightTransferCoordinator:
                 break
             retries += 1
             self._session_targets = None
-            self._blame(version, attempt, failures)
+            try:
+                self._blame(version, attempt, failures)
+            except WeightTransferError:
+                # every replica holds whole weights (a failed finish loads nothing): serve them; a dead one stays down
+                _run_all([(lambda r=r: r.resume()) for r in self._live()])
+                raise
         self._resume(version)
         return self._metrics(start, pause_start, retries, stats)
 
