@@ -1,5 +1,6 @@
-"""Sender ranks as local processes (single-host runs, CPU tests, benchmarks): each process owns one trainer
-rank, gets its (hf_name, tensor) pairs from ``weights_fn(rank, version)`` and runs ``send_weights``."""
+"""Trainer ranks as local processes (single-host runs, CPU tests, benchmarks): each process owns one trainer
+rank, gets its (hf_name, tensor) pairs from ``weights_fn(rank, version)`` and runs ``send_weights``; ranks the
+plan gives no bucket still run their export (its gathers need them) but hold no transport."""
 
 from __future__ import annotations
 
@@ -24,15 +25,18 @@ def _serve(conn, plan_json: str, rank: int, weights_fn: WeightsFn, wrap, device:
             if command == "connect":
                 if transport is not None:
                     transport.close()
-                transport = make_sender(args[0], rank, device)
-                transport = wrap(transport) if wrap else transport
+                transport = None
+                if str(rank) in args[0]["ports"]:  # the session lists the ranks that send
+                    transport = make_sender(args[0], rank, device)
+                    transport = wrap(transport) if wrap else transport
                 conn.send(("ok", None))
             elif command == "send":
                 version, digests = args
                 conn.send(("ok", send_weights(plan, rank, weights_fn(rank, version), transport, version,
                                               device, digests)))
             elif command == "release":
-                transport.release(args[0])
+                if transport is not None:
+                    transport.release(args[0])
                 conn.send(("ok", None))
             else:
                 if transport is not None:
@@ -44,12 +48,16 @@ def _serve(conn, plan_json: str, rank: int, weights_fn: WeightsFn, wrap, device:
 
 
 class LocalSenders:
-    """One spawned process per sender rank of ``plan`` (buffers on ``device``); a dead process is replaced
-    on the next ``connect``.
+    """One spawned process per trainer rank in ``ranks`` (default: the plan's senders; buffers on ``device``);
+    a dead process is replaced on the next ``connect``.
     ``wrap(transport)`` may wrap each rank's transport (e.g. to trace, or to inject faults in tests)."""
 
-    def __init__(self, plan: TransferPlan, weights_fn: WeightsFn, wrap=None, device: str = "cpu"):
+    def __init__(self, plan: TransferPlan, weights_fn: WeightsFn, wrap=None, device: str = "cpu",
+                 ranks: list[int] | None = None):
         self.plan, self.weights_fn, self.wrap, self.device = plan, weights_fn, wrap, device
+        self.ranks = sorted(ranks) if ranks is not None else plan.senders
+        if not set(plan.senders) <= set(self.ranks):
+            raise ValueError(f"LocalSenders: ranks {self.ranks} lack the plan's senders {plan.senders}")
         self.ctx = mp.get_context("spawn")
         self.procs: dict[int, tuple] = {}
 
@@ -84,7 +92,7 @@ class LocalSenders:
         return results
 
     def connect(self, session: dict) -> None:
-        for rank in self.plan.senders:
+        for rank in self.ranks:
             if rank not in self.procs or not self.procs[rank][0].is_alive():
                 self._spawn(rank)
         self._all("connect", session)

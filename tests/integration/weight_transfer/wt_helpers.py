@@ -104,22 +104,110 @@ def max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
 
 
 class FlipFirstSend:
-    """Wraps a sender transport so the first bucket this process sends has one byte flipped after its
-    checksum was taken (a corrupted link); later sends are clean."""
+    """Wraps a sender transport so that the first bucket rank 0's process ever sends has one byte flipped
+    after its checksum was taken (a corrupted link); later sends, also after a reconnect, are clean."""
+
+    flipped = False  # per sender process: the process outlives reconnects, the wrapper does not
 
     def __init__(self, inner):
-        self.inner, self.flipped = inner, False
+        self.inner = inner
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
     def send(self, version, bucket, flat):
-        if not self.flipped:
+        if bucket.sender == 0 and not FlipFirstSend.flipped:
             flat[bucket.nbytes // 2] ^= 0x5A
-            self.flipped = True
+            FlipFirstSend.flipped = True
         self.inner.send(version, bucket, flat)
 
 
 def flip_rank0(transport):
-    """``wrap`` for LocalSenders: corrupt only the transport of the process that sends bucket 0."""
+    """``wrap`` for LocalSenders: corrupt the first bucket that rank 0 sends."""
     return FlipFirstSend(transport)
+
+
+class ProbeAfterFirstAttempt:
+    """Senders that call ``probe()`` when the first attempt's buckets are released: the coordinator has
+    finished (verified, maybe loaded) every replica of that attempt and nothing else is in flight."""
+
+    def __init__(self, inner, probe):
+        self.inner, self.probe, self.probed = inner, probe, None
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def release(self, version):
+        self.inner.release(version)
+        if self.probed is None:
+            self.probed = self.probe()
+
+
+def token_batch():
+    """TOKENS as a right-padded TrainingBatch (megatron's log-prob pass input)."""
+    from megatron_rl.contracts import TrainingBatch
+
+    rows, width = len(TOKENS), max(len(t) for t in TOKENS)
+    input_ids, attn = torch.zeros(rows, width, dtype=torch.long), torch.zeros(rows, width)
+    for b, t in enumerate(TOKENS):
+        input_ids[b, :len(t)], attn[b, :len(t)] = torch.tensor(t), 1
+    loss = attn.clone()
+    loss[:, 0] = 0
+    return TrainingBatch(input_ids=input_ids, attention_mask=attn, loss_mask=loss, advantages=torch.zeros(rows, width),
+                         rollout_logprobs=torch.zeros(rows, width), group_ids=torch.arange(rows),
+                         trajectory_ids=[f"t{b}" for b in range(rows)], prompt_lengths=torch.ones(rows, dtype=torch.long))
+
+
+class MegatronExport:
+    """``weights_fn`` for LocalSenders over every rank of a real megatron-core model (TP over gloo).
+
+    The first call builds the model from the checkpoint (parallel's provider and importer). Version v adds
+    seeded noise to every local parameter shard (the same noise on each rank holding a replicated tensor),
+    runs megatron's log-prob pass on TOKENS, then returns parallel's export iterator. Rank 0 saves under
+    ``out_dir`` megatron's log-probs and every tensor it yields (``megatron-v{v}.pt``, ``exported-v{v}``)."""
+
+    def __init__(self, model_dir: Path, tp: int, out_dir: Path):
+        from weight_transfer.session import free_port
+
+        self.model_dir, self.tp, self.out_dir = str(model_dir), tp, Path(out_dir)
+        self.init_method, self.state = f"tcp://127.0.0.1:{free_port()}", None
+
+    def _build(self, rank: int):
+        from parallel import cpu_compat
+
+        cpu_compat.enable()
+        from parallel.config import ParallelConfig, TrainerConfig
+        from parallel.groups import init_distributed
+        from parallel.provider import build_model
+        from parallel.weights.hf_import import load_hf_weights
+
+        cfg = TrainerConfig(num_ranks=self.tp, parallel=ParallelConfig(tensor_model_parallel_size=self.tp))
+        pgs = init_distributed(cfg.parallel, rank, self.tp, self.init_method)
+        model = build_model(self.model_dir, cfg, pgs)
+        load_hf_weights(model, self.model_dir, pgs)
+        return cfg, pgs, model
+
+    def __call__(self, rank: int, version: int):
+        self.state = self.state or self._build(rank)  # first: parallel's CPU layer precedes megatron imports
+        from parallel.logprob_pass import compute_logprobs
+        from parallel.weights.hf_export import iter_hf_weights
+        from parallel.weights.placement import placements
+
+        cfg, pgs, model = self.state
+        with torch.no_grad():
+            for param, place in placements(model, pgs).values():
+                shard = place.tp_group.rank() if place.partition_dim is not None else 0
+                gen = torch.Generator().manual_seed(version * 1_000_003 + zlib.crc32(f"{place.global_name}/{shard}".encode()))
+                param.add_(0.03 * torch.randn(param.shape, generator=gen, dtype=param.dtype))
+        logprobs = compute_logprobs(model, token_batch(), cfg.max_tokens_per_micro_batch, pgs)[0]
+        if rank == 0:
+            torch.save(logprobs, self.out_dir / f"megatron-v{version}.pt")
+            return self._saving(iter_hf_weights(model, pgs), version)
+        return iter_hf_weights(model, pgs)
+
+    def _saving(self, pairs, version: int):
+        kept = {}
+        for name, tensor in pairs:
+            kept[name] = tensor.clone()
+            yield name, tensor
+        save_file(kept, str(self.out_dir / f"exported-v{version}.safetensors"))
