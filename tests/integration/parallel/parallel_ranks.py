@@ -188,8 +188,9 @@ def stalled_save_rank(rank, world, init_method, hf_dir, cfg, algorithm, batch, r
     save_checkpoint(root, policy.steps, policy.save, {"step": policy.steps}, keep=3)
 
 
-def critic_rank(rank, world, init_method, hf_dir, cfg, critic_cfg, batch, returns, steps):
-    """Initial values, then per step (values before the step, metrics) on a fixed batch and returns."""
+def critic_rank(rank, world, init_method, hf_dir, cfg, critic_cfg, batch, returns, steps, save_to):
+    """Initial values; per step (values before the step, metrics) on a fixed batch and returns; final
+    values; the values of a fresh critic loaded from a checkpoint saved at the end."""
     enable_cpu()
     from parallel.critic import MegatronCritic
 
@@ -199,4 +200,8 @@ def critic_rank(rank, world, init_method, hf_dir, cfg, critic_cfg, batch, return
     for _ in range(steps):
         old = critic.compute_values(batch)
         history.append((old, critic.train_step(batch, returns, old)))
-    return initial, history, critic.compute_values(batch)
+    final = critic.compute_values(batch)
+    critic.save(save_to)
+    fresh = MegatronCritic(hf_dir, cfg, critic_cfg, rank, world, init_method, pgs=critic.pgs)
+    fresh.load(save_to)
+    return initial, history, final, fresh.compute_values(batch)
