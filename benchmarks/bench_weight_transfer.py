@@ -7,6 +7,7 @@ the same run, then an analytic projection for large MoE layouts next to publishe
 from __future__ import annotations
 
 import argparse
+import os
 import threading
 import time
 
@@ -142,14 +143,19 @@ def main() -> None:
     parser.add_argument("--intra-node-gbps", type=float, default=370.0)
     args = parser.parse_args()
     specs = [TensorSpec(n, (TENSOR_MB << 18,), "float32") for n in _names(args.mb)]
-    plan = TransferPlan.build(specs, TrainerLayout(num_layers=len(specs), tp=args.senders), args.bucket_mb << 20)
+    plan = TransferPlan.build(specs, TrainerLayout(num_layers=len(specs), tp=args.senders), args.bucket_mb << 20,
+                              senders="spread")  # Synthetic yields every tensor on every rank
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (numbers below share the machine)")
     base = memcpy_gbps(plan.nbytes)
     print(f"CPU: {plan.nbytes / 2**20:.0f} MiB in {len(plan.buckets)} buckets from {len(plan.senders)} sender "
           f"processes to 1 receiver; memcpy {base:.2f} GB/s")
     for kind in ("broadcast", "shared_memory"):
         gbps = transport_gbps(kind, plan, args.mb, args.repeats)
         print(f"  {kind:14s} {gbps:6.2f} GB/s  = {gbps / base:.0%} of memcpy")
+    print(f"load average {os.getloadavg()[0]:.1f}")
+    start = time.perf_counter()
     projections(Links(args.inter_node_gbps, args.intra_node_gbps), args.bucket_mb)
+    print(f"(4 plans built and projected in {time.perf_counter() - start:.1f} s)")
 
 
 if __name__ == "__main__":
