@@ -4,7 +4,8 @@ One rank trains a step at TP=1 and writes a run checkpoint (``megatron_rl.checkp
 ``MegatronPolicy.save``) and an HF export. A second run is SIGKILLed mid-save (shard files written,
 ``metadata.json`` not yet): the tracker still names the first checkpoint, the partial folder is
 refused, and two ranks at TP=2 load the first checkpoint with the same log-probs, then take the same
-next step (optimizer and schedule restored). transformers loads the exports with Megatron's log-probs.
+next step (optimizer and schedule restored). transformers loads the exports (TP=1, TP=2, and PP=2
+with one shard file per stage) with Megatron's log-probs.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ TOL = 1e-5
 STEP_TOL = 1e-4  # after a further Adam step from TP=1 vs TP=2 gradients (equal to ~1e-7)
 
 
-def _cfg(tp=1):
+def _cfg(tp=1, pp=1):
     optimizer = OptimizerConfig(lr=1e-3, min_lr=1e-4, lr_decay_steps=3, lr_decay_style="linear")
-    return trainer_config(tp=tp, num_ranks=tp, max_tokens_per_micro_batch=24, optimizer=optimizer)
+    return trainer_config(tp=tp, pp=pp, max_tokens_per_micro_batch=24, optimizer=optimizer)
 
 
 @pytest.fixture(scope="module")
@@ -120,3 +121,14 @@ def test_memory_report_counts_this_ranks_state(saved, loaded_tp2):
     assert one["params"] > 0 and one["grads"] >= one["params"] and one["optimizer"] >= 2 * one["params"]
     assert one["rss"] > one["params"]
     assert two["params"] < one["params"]  # TP=2 holds about half of each split matrix
+
+
+def test_pp2_export_writes_a_shard_per_stage_that_transformers_loads(tiny, graded, tmp_path):
+    out = tmp_path / "hf"
+    ranks = run_ranks(checkpoint_rank, 2, tmp_path, tiny["qwen3"], _cfg(pp=2), AlgorithmConfig(), graded, None, None, out)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert files == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    assert index["weight_map"]["model.embed_tokens.weight"] != index["weight_map"]["lm_head.weight"]
+    logp, _ = hf_reference(str(out), graded)
+    assert (logp - ranks[0][0]).abs().max() < TOL
