@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+from megatron_rl.env_vars import cache_dir
 from megatron_rl.inference.config import ServerConfig
 
 _PR_SET_PDEATHSIG = 1
@@ -60,18 +63,20 @@ def server_command(config: ServerConfig, port: int, seed: int) -> list[str]:
     return cmd + list(config.extra_args)
 
 
-def server_env(config: ServerConfig, index: int, on_cpu: bool) -> dict[str, str]:
-    """Environment: dev-mode control routes, caches and sockets under the run folder, CPU pinning."""
+def server_env(config: ServerConfig, index: int, on_cpu: bool, ipc_dir: str) -> dict[str, str]:
+    """Environment: dev-mode control routes, caches under the run folder, temp files and IPC sockets in
+    ``ipc_dir`` (a unix socket path may not exceed 107 bytes, so not under a deep run folder), the
+    compile cache shared across runs, CPU pinning."""
     run_dir = Path(config.run_dir)
     env = {
         **os.environ,
         "VLLM_SERVER_DEV_MODE": "1",
         "PYTHONUNBUFFERED": "1",
         "VLLM_CACHE_ROOT": str(run_dir / "vllm_cache"),
-        "TMPDIR": str(run_dir / "tmp"),
-        "VLLM_RPC_BASE_PATH": str(run_dir / "tmp"),
+        "TMPDIR": ipc_dir,
+        "VLLM_RPC_BASE_PATH": ipc_dir,
     }
-    env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(run_dir / "inductor_cache"))
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
     if on_cpu and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(index % (os.cpu_count() or 1))
     return env
@@ -88,11 +93,11 @@ class ManagedServer:
         self.log_path = Path(config.run_dir) / f"server{index}.log"
         self.process: subprocess.Popen | None = None
         self._cmd = server_command(config, self.port, config.seed + index)
-        self._env = server_env(config, index, on_cpu)
+        self.ipc_dir = tempfile.mkdtemp(prefix="mrl-")
+        self._env = server_env(config, index, on_cpu, self.ipc_dir)
 
     def start(self) -> None:
-        for sub in ("tmp", "vllm_cache"):
-            (Path(self.config.run_dir) / sub).mkdir(parents=True, exist_ok=True)
+        (Path(self.config.run_dir) / "vllm_cache").mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log_file:
             self.process = subprocess.Popen(
                 self._cmd, env=self._env, stdout=log_file, stderr=subprocess.STDOUT,
@@ -130,6 +135,7 @@ class ManagedServer:
         _signal_group(pgid, signal.SIGKILL)
         self.process.wait()
         self.process = None
+        shutil.rmtree(self.ipc_dir, ignore_errors=True)
 
 
 def _signal_group(pgid: int, sig: int) -> None:
