@@ -7,8 +7,9 @@ from megatron_rl.envs.registry import _ENVS
 
 
 def test_builtins_and_unknown_names():
-    assert env_names() == ["arithmetic", "gridsim", "math", "text2sql"]
-    with pytest.raises(ValueError, match="'Arithmetic' is not registered; known: arithmetic, gridsim, math, text2sql"):
+    # other test modules register their own envs in the same process: the built-ins must be there
+    assert {"arithmetic", "gridsim", "math", "text2sql"} <= set(env_names())
+    with pytest.raises(ValueError, match="'Arithmetic' is not registered; known: arithmetic, gridsim, math"):
         get_env_class("Arithmetic")
 
 
