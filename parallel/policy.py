@@ -35,8 +35,8 @@ class MegatronPolicy:
         self.routing = RoutingReplay(self.model) if model.config.num_moe_experts else None
         self.steps = 0
 
-    def _replaying(self, batch: TrainingBatch) -> bool:
-        mode = self.algorithm.routing_replay.mode
+    def _replaying(self, batch: TrainingBatch, algorithm: AlgorithmConfig | None = None) -> bool:
+        mode = (algorithm or self.algorithm).routing_replay.mode
         if RoutingReplayMode(mode).value == "none" or self.routing is None:
             return False
         if batch.routed_experts is None:
@@ -69,7 +69,7 @@ class MegatronPolicy:
         algorithm = algorithm or self.algorithm
         metrics = train_step(
             self.model, self.optimizer, self.scheduler, batch, algorithm, self.cfg.max_tokens_per_micro_batch,
-            self.pgs, self.routing if self._replaying(batch) else None,
+            self.pgs, self.routing if self._replaying(batch, algorithm) else None,
         )
         self.steps += 1
         return metrics
