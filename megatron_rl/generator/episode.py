@@ -95,7 +95,7 @@ async def _env_call(ctx: EpisodeContext, state: EpisodeState, fn, *args):
 async def _sample(ctx: EpisodeContext, state: EpisodeState, tid: TrajectoryId, turn: int) -> GenerationResult:
     cfg = ctx.config
     budget = cfg.max_input_length - state.length
-    seed = zlib.crc32(f"{ctx.seed}:{ctx.step}:{tid}:{turn}".encode()) & 0x7FFFFFFF
+    seed = zlib.crc32(f"{ctx.seed}:{ctx.step}:{tid}:{turn}".encode()) & 0x7FFFFFFF if cfg.seeded_sampling else None
     params = SamplingParams(
         max_tokens=min(cfg.max_tokens_per_turn, budget), temperature=ctx.temperature, top_p=cfg.top_p, seed=seed
     )
