@@ -24,30 +24,15 @@ import gc
 import json
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from bench_layer_specs import TINY, Shape, _sync, _timed  # same shapes and timer as the layer-spec benchmark
 
 TARGET = 1.15
 
 
-@dataclass
-class Shape:
-    layers: int = 16
-    hidden: int = 2048
-    heads: int = 16
-    groups: int = 4
-    ffn: int = 5632
-    experts: int = 8
-    topk: int = 2
-    moe_ffn: int = 1408
-    vocab: int = 32768
-    seq: int = 4096
-    batch: int = 2
-
-
-QUICK = Shape(layers=2, hidden=64, heads=4, groups=2, ffn=128, experts=4, moe_ffn=32, vocab=256, seq=64, batch=2)
+QUICK = TINY
 
 
 def hf_config(shape: Shape, moe: bool) -> dict:
@@ -149,22 +134,6 @@ def bare_step(policy, tokens) -> None:
 def bare_forward(policy, tokens) -> None:
     policy.model.eval()
     _bare_loss(policy, tokens)
-
-
-def _timed(step, warmup: int, iters: int) -> float:
-    for _ in range(warmup):
-        step()
-    _sync()
-    start = time.perf_counter()
-    for _ in range(iters):
-        step()
-    _sync()
-    return (time.perf_counter() - start) / iters
-
-
-def _sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def _flop_params(policy, shape: Shape) -> int:
