@@ -98,6 +98,7 @@ class ManagedServer:
 
     def start(self) -> None:
         (Path(self.config.run_dir) / "vllm_cache").mkdir(parents=True, exist_ok=True)
+        Path(self.ipc_dir).mkdir(exist_ok=True)  # stop() removes it; a restart needs it back
         with open(self.log_path, "wb") as log_file:
             self.process = subprocess.Popen(
                 self._cmd, env=self._env, stdout=log_file, stderr=subprocess.STDOUT,

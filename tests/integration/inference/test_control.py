@@ -1,6 +1,7 @@
 """Control plane over real servers: pause keep/abort/wait, resume, versions, sleep refused on CPU."""
 
 import asyncio
+import re
 
 import pytest
 
@@ -15,12 +16,20 @@ def requests(n: int) -> list[GenerationRequest]:
     return [GenerationRequest([40 + i, 41, 42], LONG, session_id=f"c{i}") for i in range(n)]
 
 
+async def generated_tokens(fleet) -> float:
+    """Tokens the servers have sampled so far (their ``vllm:generation_tokens_total`` counters)."""
+    pages = await asyncio.gather(*(r.get("/metrics") for r in fleet.router.replicas))
+    return sum(float(v) for page in pages
+               for v in re.findall(r"^vllm:generation_tokens_total\{[^}]*\}\s+(\S+)$", page["text"], re.M))
+
+
 async def started(fleet, n: int) -> list[asyncio.Task]:
-    """Launch ``n`` long requests and return once every one of them is running."""
+    """Launch ``n`` long requests and return once they are all decoding (a loaded machine can take
+    seconds before the first token, and a request paused before it has nothing partial to return)."""
+    before = await generated_tokens(fleet)
     tasks = [asyncio.create_task(fleet.generate(r)) for r in requests(n)]
-    while sum(r.in_flight for r in fleet.router.replicas) < n:
+    while sum(r.in_flight for r in fleet.router.replicas) < n or await generated_tokens(fleet) < before + 4 * n:
         await asyncio.sleep(0.05)
-    await asyncio.sleep(0.3)
     return tasks
 
 
