@@ -29,3 +29,11 @@ class TrainConfig:
     weight_transfer: WeightTransferConfig = field(default_factory=WeightTransferConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+
+    def __post_init__(self) -> None:
+        if self.algorithm.routing_replay.mode.value == "r2":
+            raise ValueError(
+                "algorithm.routing_replay.mode=r2: R2 replays the routing of an old-log-prob pass made "
+                "before several optimizer steps; the schedule takes one step per batch from those same "
+                "weights, so R2 would equal free routing. Use r3 (replay the sampler's experts) or none."
+            )

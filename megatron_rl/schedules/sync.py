@@ -1,6 +1,11 @@
 """The synchronous schedule: sample with version k, wait for rewards, train, transfer k+1, verify, repeat.
 
-    generate → advantages → old log-probs → update → weight transfer (+ verify) → eval / checkpoint
+    generate → advantages → update → weight transfer (+ verify) → eval / checkpoint
+
+One optimizer step per batch, so the weights that define the clip ratio's "old" policy are the ones
+the update starts from: the step uses its own detached log-probs as old log-probs (exact, and one
+forward pass cheaper than a separate old-log-prob pass). The sampler/trainer mismatch is corrected
+against the rollout log-probs the sampler returned (``algorithm.correction``).
 """
 
 from __future__ import annotations
@@ -54,8 +59,6 @@ async def _step(c: Components, state: LoopState, step: int) -> dict[str, float]:
     batch, adv_metrics = to_training_batch(out, cfg.algorithm, c.pad_token_id)
     metrics.update(adv_metrics)
     if batch is not None:
-        with _Timer(metrics, "old_logprobs"):
-            batch.old_logprobs = c.policy.compute_logprobs(batch)[0]
         with _Timer(metrics, "train"):
             metrics.update(c.policy.train_step(batch))
         state.version += 1

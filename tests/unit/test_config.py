@@ -30,6 +30,7 @@ def test_overrides_reach_nested_dataclasses():
         (["algorithm.policy_loss_type=ppo"], "algorithm.policy_loss_type.*regular"),
         (["recipe=no_such_recipe"], "recipe=no_such_recipe.*tiny_cpu"),
         (["run.seed"], "expected key=value"),
+        (["algorithm.routing_replay.mode=r2"], "routing_replay.mode=r2.*r3"),
     ],
 )
 def test_bad_input_names_the_key(words, needle):
