@@ -114,6 +114,7 @@ def _build(shape: Shape, moe: bool, spec_name: str):
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     from parallel.layers.spec import build_layer_spec
+    from parallel.optim import use_fused_adam
 
     config = _config(shape, moe)
     spec = build_layer_spec(config, moe=moe, qk_layernorm=False, prefer=spec_name)
@@ -133,6 +134,7 @@ def _build(shape: Shape, moe: bool, spec_name: str):
         [ddp],
         use_gloo_process_groups=not torch.cuda.is_available(),  # parallel.groups makes gloo groups on CPU only
     )
+    use_fused_adam(optimizer)  # as the toolkit's trainer does
     return ddp, optimizer
 
 

@@ -24,6 +24,7 @@ from megatron.core import dist_checkpointing
 from megatron.core.dist_checkpointing.mapping import ShardedObject
 from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
+from parallel.optim import use_fused_adam
 from parallel.weights.placement import unwrap
 
 log = logging.getLogger(__name__)
@@ -98,20 +99,6 @@ def _skip_missing_step(optimizer) -> None:
             opt._set_main_param_and_optimizer_states = lambda p, t, f=original: f(p, {"step": None, **t})
 
 
-def _unshare_adam_steps(optimizer) -> None:
-    """Give every parameter its own Adam ``step`` tensor again after a load.
-
-    Without Apex or TE, ``DistributedOptimizer.load_state_dict`` (``distrib_optimizer.py:1031``)
-    puts one ``step`` tensor into every parameter's state; torch Adam's foreach path then
-    increments that shared tensor once per parameter, and bias correction goes wrong from the
-    first step after loading.
-    """
-    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
-        for state in opt.optimizer.state.values():
-            if torch.is_tensor(state.get("step")):
-                state["step"] = state["step"].clone()
-
-
 def _sharded_state(model, optimizer, pgs, is_loading: bool, with_rng: bool) -> dict:
     model_sd = unwrap(model).sharded_state_dict(metadata=dict(_SHARDING))
     state = {
@@ -168,7 +155,7 @@ def load_trainer(path: str | Path, model, optimizer, scheduler, pgs) -> dict:
     loaded = dist_checkpointing.load(state, str(path))
     unwrap(model).load_state_dict(loaded["model"])
     optimizer.load_state_dict(loaded["optimizer"])
-    _unshare_adam_steps(optimizer)
+    use_fused_adam(optimizer)  # also undoes the load's one ``step`` tensor shared by every parameter
     scheduler.load_state_dict(loaded["scheduler"])
     if same_layout:
         _set_rng_state(loaded["rng_state"])

@@ -43,11 +43,35 @@ def build_optimizer(ddp_model, cfg: TrainerConfig, pg_collection):
         use_gloo_process_groups=False,
         pg_collection=pg_collection,
     )
+    use_fused_adam(optimizer)
     config = ddp_model.config
     config.no_sync_func = ddp_model.no_sync
     config.finalize_model_grads_func = finalize_model_grads
     config.grad_scale_func = optimizer.scale_loss
     return optimizer, lr_scheduler(optimizer, cfg)
+
+
+def use_fused_adam(optimizer) -> None:
+    """Switch torch's Adam to its fused kernel; call after building and after loading state.
+
+    Without Apex or Transformer Engine (neither is installed here nor on the H200), megatron-core
+    falls back to ``torch.optim.AdamW`` with its default multi-tensor path, several kernels per
+    tensor list; the fused kernel updates each parameter in one pass (on CPU and GPU alike). Fused
+    Adam needs each parameter's ``step`` as its own float32 tensor on the parameter's device, while
+    ``DistributedOptimizer.load_state_dict`` (``distrib_optimizer.py:1031``) hands every parameter
+    one shared CPU tensor (any torch Adam would then increment it once per parameter and get bias
+    correction wrong from the first step after a load), so each step gets its own tensor again.
+    """
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = opt.optimizer
+        if not isinstance(inner, torch.optim.Adam):
+            continue  # Apex / TE FusedAdam: already fused
+        for group in inner.param_groups:
+            group["fused"], group["foreach"] = True, False
+            for p in group["params"]:
+                state = inner.state.get(p)
+                if state and "step" in state:
+                    state["step"] = torch.tensor(float(state["step"]), dtype=torch.float32, device=p.device)
 
 
 def lr_scheduler(optimizer, cfg: TrainerConfig) -> OptimizerParamScheduler:
