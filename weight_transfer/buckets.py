@@ -68,7 +68,7 @@ def pack(bucket: Bucket, tensors: Mapping[str, torch.Tensor], out: torch.Tensor)
     """Copy each slot's tensor into ``out`` (uint8, bucket.nbytes, any device); shape and dtype must match."""
     if out.dtype != torch.uint8 or out.numel() != bucket.nbytes:
         raise ValueError(f"bucket {bucket.index}: buffer must be uint8 of {bucket.nbytes} bytes")
-    out.zero_()
+    zero_padding(bucket, out)
     for slot, view in zip(bucket.slots, unpack_views(bucket, out)):
         copy_into(slot, view, tensors[slot.name])
     return out
@@ -80,6 +80,16 @@ def copy_into(slot: Slot, view: torch.Tensor, tensor: torch.Tensor) -> None:
         raise ValueError(f"{slot.name}: trainer gives {tuple(tensor.shape)} {tensor.dtype}, the plan says "
                          f"{slot.shape} {slot.dtype}; rebuild the plan for the current layout")
     view.copy_(tensor)
+
+
+def zero_padding(bucket: Bucket, flat: torch.Tensor) -> None:
+    """Zero the alignment gaps between slots (and after the last), so a bucket's checksum depends only
+    on its tensors; the slots themselves are overwritten by packing, so they are left alone."""
+    end = 0
+    for slot in (*bucket.slots, Slot("", bucket.nbytes, (), "uint8", 0)):
+        if slot.offset > end:
+            flat[end:slot.offset].zero_()
+        end = slot.offset + slot.nbytes
 
 
 def unpack_views(bucket: Bucket, flat: torch.Tensor) -> list[torch.Tensor]:

@@ -10,19 +10,22 @@ _CHUNK_WORDS = 1 << 12
 
 
 def bucket_checksum(flat: torch.Tensor) -> str:
-    """Sum and chunk-position-weighted sum of the buffer's int32 words, with int64 accumulation.
+    """Sum and chunk-position-weighted sum of the buffer's 64-bit words, wrapping modulo 2**64.
 
     Any single changed byte changes the plain sum; words moved between chunks change the weighted one.
-    ``flat`` is uint8 with a length that is a multiple of 4 (bucket sizes are 64-byte aligned).
+    Summing int64 words reads at full memory bandwidth on a GPU (an int32 view summed into int64 ran at
+    a fifth of it on the H200), and wrapping addition gives the same value in any order, on any device.
+    ``flat`` is uint8 with a length that is a multiple of 8 (bucket sizes are 64-byte aligned).
     """
-    words = flat.view(torch.int32)
+    words = flat.view(torch.int64)
     full = words.numel() // _CHUNK_WORDS * _CHUNK_WORDS
-    chunk_sums = words[:full].view(-1, _CHUNK_WORDS).sum(1, dtype=torch.int64)
-    tail = words[full:].sum(dtype=torch.int64)
+    chunk_sums = words[:full].view(-1, _CHUNK_WORDS).sum(1)
+    tail = words[full:].sum()
     weights = torch.arange(1, chunk_sums.numel() + 1, device=flat.device, dtype=torch.int64)
     plain = chunk_sums.sum() + tail
     weighted = (chunk_sums * weights).sum() + tail * (chunk_sums.numel() + 1)
-    return f"{flat.numel():x}-{plain.item() & (2**64 - 1):016x}-{weighted.item() & (2**64 - 1):016x}"
+    plain, weighted = torch.stack([plain, weighted]).tolist()  # one device sync
+    return f"{flat.numel():x}-{plain & (2**64 - 1):016x}-{weighted & (2**64 - 1):016x}"
 
 
 def tensor_digest(tensor: torch.Tensor) -> str:

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 import torch
 
-from weight_transfer.buckets import Bucket, copy_into, unpack_views
+from weight_transfer.buckets import Bucket, copy_into, unpack_views, zero_padding
 from weight_transfer.checksum import bucket_checksum, tensor_digest
 from weight_transfer.plan import TransferPlan
 from weight_transfer.transports.base import SenderTransport
@@ -16,7 +16,7 @@ from weight_transfer.transports.base import SenderTransport
 class _OpenBucket:
     def __init__(self, bucket: Bucket, flat: torch.Tensor):
         self.bucket, self.flat = bucket, flat
-        flat.zero_()
+        zero_padding(bucket, flat)
         self.slots = {s.name: s for s in bucket.slots}
         self.views = dict(zip(self.slots, unpack_views(bucket, flat)))
         self.missing = {s.name for s in bucket.slots}

@@ -1,5 +1,12 @@
 """CUDA IPC for a trainer and a sampler on the same GPU: one IPC handle per bucket, published in a small
-rendezvous store the sender hosts; the receiver maps the sender's buffer (no copy) until it releases it."""
+rendezvous store the sender hosts; the receiver maps the sender's buffer (no copy).
+
+The sender packs every version into the same per-bucket buffers (allocated at the first send, kept until
+``close``: the trainer holds one copy of the exported weights for the session), so each buffer is shared
+and mapped once per session, not once per version: opening an IPC handle costs more than copying a
+bucket of a few hundred MiB. Reuse is safe because the coordinator releases version v on both sides
+before it asks for v+1.
+"""
 
 from __future__ import annotations
 
@@ -41,44 +48,50 @@ class CudaIpcSender(SenderTransport):
             raise ValueError(f"weight_transfer.transport.type=cuda_ipc: buffers must be on CUDA, not {device}")
         self.store = _store(session, rank, is_master=True)
         self.uuid = str(torch.cuda.get_device_properties(device).uuid)
-        self.kept: dict[int, list[torch.Tensor]] = {}
+        self.buffers: dict[int, torch.Tensor] = {}
+        self.handles: dict[int, str] = {}
+
+    def buffer(self, bucket: Bucket, device: torch.device) -> torch.Tensor:
+        flat = self.buffers.get(bucket.index)
+        if flat is None or flat.numel() != bucket.nbytes:
+            flat = self.buffers[bucket.index] = torch.empty(bucket.nbytes, dtype=torch.uint8, device=device)
+            self.handles.pop(bucket.index, None)
+        return flat
 
     def send(self, version: int, bucket: Bucket, flat: torch.Tensor) -> None:
-        torch.cuda.current_stream(flat.device).synchronize()
-        rebuild, args = reduce_tensor(flat)
-        handle = base64.b64encode(pickle.dumps((self.uuid, rebuild, args))).decode()
+        torch.cuda.current_stream(flat.device).synchronize()  # the receiver reads as soon as it sees the key
+        if self.buffers.get(bucket.index) is not flat:
+            raise TransportError(f"cuda_ipc: bucket {bucket.index} was not packed into this transport's buffer")
+        handle = self.handles.get(bucket.index)
+        if handle is None:
+            rebuild, args = reduce_tensor(flat)
+            handle = self.handles[bucket.index] = base64.b64encode(pickle.dumps((self.uuid, rebuild, args))).decode()
         self.store.set(f"v{version}/b{bucket.index}", handle)
-        self.kept.setdefault(version, []).append(flat)
-
-    def release(self, version: int) -> None:
-        self.kept.pop(version, None)
 
     def close(self) -> None:
-        self.kept = {}
+        self.buffers, self.handles = {}, {}
 
 
 class CudaIpcReceiver(ReceiverTransport):
     def __init__(self, session: dict, rank: int, device: torch.device):
         self.stores = {int(s): _store(session, int(s), is_master=False) for s in session["ports"]}
-        self.mapped: dict[int, list[torch.Tensor]] = {}
+        self.mapped: dict[int, tuple[str, torch.Tensor]] = {}  # bucket index -> (handle, mapped buffer)
 
     def receive(self, version: int, buckets: Sequence[Bucket]) -> Iterator[tuple[Bucket, torch.Tensor]]:
         for bucket in buckets:
             try:
-                raw = self.stores[bucket.sender].get(f"v{version}/b{bucket.index}")
+                raw = self.stores[bucket.sender].get(f"v{version}/b{bucket.index}").decode()
             except RuntimeError as err:
                 raise TransportError(f"cuda_ipc: no handle for bucket {bucket.index} of version {version}: {err}") from err
-            uuid, rebuild, args = pickle.loads(base64.b64decode(raw))
-            args = list(args)
-            args[_DEVICE_ARG] = _local_index(uuid)
-            flat = rebuild(*args)
-            self.mapped.setdefault(version, []).append(flat)
-            yield bucket, flat
-
-    def release(self, version: int) -> None:
-        self.mapped.pop(version, None)
-        torch.cuda.ipc_collect()
+            known = self.mapped.get(bucket.index)
+            if known is None or known[0] != raw:
+                uuid, rebuild, args = pickle.loads(base64.b64decode(raw))
+                args = list(args)
+                args[_DEVICE_ARG] = _local_index(uuid)
+                known = self.mapped[bucket.index] = (raw, rebuild(*args))
+            yield bucket, known[1]
 
     def close(self) -> None:
         self.mapped = {}
         self.stores = {}
+        torch.cuda.ipc_collect()

@@ -63,10 +63,14 @@ def plan_for(model_dir: Path, tp: int, bucket_bytes: int, senders: str = "spread
 
 
 def make_llm(model_dir: Path):
+    import torch
     from vllm import LLM
 
+    # On a GPU vLLM refuses to start when gpu_memory_utilization (default 0.92) of the card exceeds what
+    # is free, even with a fixed KV cache; a colocated trainer holds part of it.
+    gpu = {"gpu_memory_utilization": 0.3} if torch.cuda.is_available() else {}
     return LLM(str(model_dir), dtype="float32", enforce_eager=True, max_model_len=256, seed=0,
-               kv_cache_memory_bytes=1 << 26, worker_extension_cls=RECEIVER)
+               kv_cache_memory_bytes=1 << 26, worker_extension_cls=RECEIVER, **gpu)
 
 
 def close_llm(llm) -> None:
