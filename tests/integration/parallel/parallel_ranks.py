@@ -205,3 +205,13 @@ def critic_rank(rank, world, init_method, hf_dir, cfg, critic_cfg, batch, return
     fresh = MegatronCritic(hf_dir, cfg, critic_cfg, rank, world, init_method, pgs=critic.pgs)
     fresh.load(save_to)
     return initial, history, final, fresh.compute_values(batch)
+
+
+def export_specs_rank(rank, world, init_method, hf_dir, cfg):
+    """(name, shape, dtype) of every tensor this rank's ``export_weights`` yields."""
+    enable_cpu()
+    from megatron_rl.algorithms.config import AlgorithmConfig
+    from parallel.policy import MegatronPolicy
+
+    policy = MegatronPolicy(hf_dir, cfg, AlgorithmConfig(), rank, world, init_method)
+    return [(name, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in policy.export_weights()]

@@ -18,11 +18,12 @@ import time
 import pytest
 import torch
 from parallel_launch import run_ranks, start_ranks
-from parallel_ranks import checkpoint_rank, stalled_save_rank, trainer_config
+from parallel_ranks import checkpoint_rank, export_specs_rank, stalled_save_rank, trainer_config
 from test_parallel_parity import hf_reference
 
 from megatron_rl.algorithms.config import AlgorithmConfig
 from megatron_rl.checkpoint import latest_checkpoint
+from megatron_rl.schedules.weight_sync import checkpoint_specs
 from parallel.config import OptimizerConfig
 
 TOL = 1e-5
@@ -132,3 +133,12 @@ def test_pp2_export_writes_a_shard_per_stage_that_transformers_loads(tiny, grade
     assert index["weight_map"]["model.embed_tokens.weight"] != index["weight_map"]["lm_head.weight"]
     logp, _ = hf_reference(str(out), graded)
     assert (logp - ranks[0][0]).abs().max() < TOL
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
+def test_bf16_export_matches_the_transfer_plan_of_its_checkpoint(arch, tiny, tmp_path):
+    """The loop's plan says every tensor is in the trainer's dtype; megatron's torch norms keep float32
+    weights in a bf16 model, and a sender refusing them left vLLM waiting on the H200."""
+    (exported,) = run_ranks(export_specs_rank, 1, tmp_path, tiny[arch], trainer_config(dtype="bfloat16"))
+    planned = {(s.name, s.shape, s.dtype) for s in checkpoint_specs(tiny[arch], "bfloat16")}
+    assert set(exported) == planned
