@@ -137,8 +137,15 @@ class WeightTransferCoordinator:
     def _transfer(self, version: int, targets: list[Replica], result: _Attempt) -> tuple[dict, list]:
         digests = self.config.verify == "tensor_equality"
         receive = {"version": version, "plan": self.plan.fingerprint}
-        calls = [lambda: self.senders.send(version, digests)] + [
-            (lambda r=r: r.call("wt_receive", receive, self._rpc_timeout)) for r in targets]
+        def send():
+            try:
+                return self.senders.send(version, digests)
+            except Exception as err:  # named now: the replicas may wait out their transport timeout first
+                log.error("weight_transfer: senders failed on version %d: %s (replicas wait up to "
+                          "weight_transfer.timeout_s=%s s for the buckets)", version, err, self.config.timeout_s)
+                raise
+
+        calls = [send] + [(lambda r=r: r.call("wt_receive", receive, self._rpc_timeout)) for r in targets]
         sent, *received = _run_all(calls)
         if isinstance(sent, Exception):
             result.sender_error = f"{type(sent).__name__}: {sent}"
