@@ -113,7 +113,7 @@ def _build(shape: Shape, moe: bool, spec_name: str):
     from megatron.core.models.gpt import GPTModel
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    from parallel.layers.spec import build_layer_spec
+    from parallel.layers.spec import build_layer_spec, norms_in_params_dtype
     from parallel.optim import use_fused_adam
 
     config = _config(shape, moe)
@@ -126,6 +126,7 @@ def _build(shape: Shape, moe: bool, spec_name: str):
         position_embedding_type="rope",
         share_embeddings_and_output_weights=False,
     )
+    norms_in_params_dtype(model, config.params_dtype)  # as the toolkit's provider does
     if torch.cuda.is_available():
         model.cuda()
     ddp = DistributedDataParallel(config, DistributedDataParallelConfig(grad_reduce_in_fp32=True), model)

@@ -12,7 +12,7 @@ from transformers import AutoConfig
 
 from parallel.architectures import architecture_of, rope_theta, transformer_config_kwargs, vocab_size
 from parallel.config import TrainerConfig
-from parallel.layers.spec import build_layer_spec
+from parallel.layers.spec import build_layer_spec, norms_in_params_dtype
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -84,6 +84,7 @@ def build_model(hf_dir: str | Path, cfg: TrainerConfig, pg_collection) -> GPTMod
         rotary_base=rope_theta(hf_config),
         pg_collection=pg_collection,
     )
+    norms_in_params_dtype(model, config.params_dtype)
     if torch.cuda.is_available():
         model.cuda(torch.cuda.current_device())
     return model

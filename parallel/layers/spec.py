@@ -12,6 +12,8 @@ import importlib.util
 import logging
 from functools import partial
 
+import torch
+
 from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_layer_local_spec,
     get_gpt_layer_with_transformer_engine_spec,
@@ -50,6 +52,20 @@ def build_layer_spec(config: TransformerConfig, *, moe: bool, qk_layernorm: bool
             _swap_in_fast_modules(spec, moe)
     log.info("layer spec: %s (asked %s; %s)", choice, prefer, "MoE" if moe else "dense")
     return spec
+
+
+def norms_in_params_dtype(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Cast the torch norms of the local and fast specs to the model's ``params_dtype``.
+
+    Without TE, megatron-core builds ``torch.nn.RMSNorm``/``LayerNorm`` with float32 weights and relies
+    on its ``Float16Module`` wrapper to cast the model, which this toolkit does not use. In a bf16 model
+    float32 norms mix dtypes in every norm (casts, and torch's unfused norm path) and hold weights
+    the bf16 checkpoint and vLLM do not have. The optimizer keeps float32 main copies, as for every
+    other bf16 parameter. Call before wrapping the model in DDP.
+    """
+    for module in model.modules():
+        if isinstance(module, (torch.nn.RMSNorm, torch.nn.LayerNorm)):
+            module.to(dtype)
 
 
 def resolve(prefer: str) -> str:
