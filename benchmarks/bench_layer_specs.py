@@ -70,6 +70,8 @@ def _parse():
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke run)")
     parser.add_argument("--profile", action="store_true", help="torch profiler summary of the fast MoE step")
     parser.add_argument("--port", type=int, default=29561)
+    parser.add_argument("--bf16-grads", action="store_true",
+                        help="gradient buffers in bf16 (megatron's default) instead of the toolkit's float32")
     return parser.parse_args()
 
 
@@ -108,7 +110,7 @@ def _config(shape: Shape, moe: bool):
     )
 
 
-def _build(shape: Shape, moe: bool, spec_name: str):
+def _build(shape: Shape, moe: bool, spec_name: str, fp32_grads: bool = True):
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.models.gpt import GPTModel
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -129,7 +131,7 @@ def _build(shape: Shape, moe: bool, spec_name: str):
     norms_in_params_dtype(model, config.params_dtype)  # as the toolkit's provider does
     if torch.cuda.is_available():
         model.cuda()
-    ddp = DistributedDataParallel(config, DistributedDataParallelConfig(grad_reduce_in_fp32=True), model)
+    ddp = DistributedDataParallel(config, DistributedDataParallelConfig(grad_reduce_in_fp32=fp32_grads), model)
     optimizer = get_megatron_optimizer(
         OptimizerConfig(optimizer="adam", lr=1e-6, bf16=config.bf16, use_distributed_optimizer=False),
         [ddp],
@@ -178,7 +180,7 @@ def _timed(step, warmup: int, iters: int) -> float:
 
 def _measure(shape: Shape, moe: bool, spec: str, args) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model, optimizer = _build(shape, moe, spec)
+    model, optimizer = _build(shape, moe, spec, not args.bf16_grads)
     gen = torch.Generator(device="cpu").manual_seed(0)
     tokens = torch.randint(0, shape.vocab, (shape.batch, shape.seq + 1), generator=gen).to(device)
     advantages = torch.randn(shape.batch, shape.seq, generator=gen).to(device)
