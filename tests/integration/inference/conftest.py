@@ -8,17 +8,12 @@ from megatron_rl.inference.config import InferenceConfig, ServerConfig
 from megatron_rl.inference.launcher import LocalServers
 from megatron_rl.tiny import make_tiny_model
 
-HERE = Path(__file__).parent
 RUN_DIR = Path("/tmp/inference-eng/servers")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark these tests integration (the root conftest only knows direct children of the tier
-    folder) and run the ones that launch their own servers before the shared pair starts, so no
-    more than two servers run at once."""
-    for item in items:
-        if HERE in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.integration)
+    """Run the tests that launch their own servers before the shared pair starts, so no more than
+    two servers run at once (the root conftest marks the tier)."""
     items.sort(key=lambda item: Path(str(item.fspath)).name != "test_lifecycle.py")
 
 
