@@ -1,6 +1,6 @@
 """Weight transfer over NCCL, GPU 0 (MegatronPolicy, TP=1, bf16) -> vLLM on GPU 1, through the real protocol.
 
-Runs ``benchmarks/bench_nccl_transfer.py --sizes 1b`` in a fresh interpreter (it pins each process to its
+Runs ``benchmarks/bench_gpu_transfer.py --sizes 1b`` in a fresh interpreter (it pins each process to its
 GPU with CUDA_VISIBLE_DEVICES before CUDA starts) and checks its results: every update verified by the
 receiver's bucket checksums without retries (the benchmark raises otherwise), and vLLM's prompt
 log-probs after the update within the stated bf16 tolerance of megatron's on the new weights. The
@@ -22,18 +22,17 @@ from pathlib import Path
 import pytest
 import torch
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"),
-]
+pytestmark = pytest.mark.gpu
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_nccl_transfer.py"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_gpu_transfer.py"
 
 
-def test_nccl_transfer_into_vllm_on_the_other_gpu(tmp_path):
+def run_transfer_bench(tmp_path: Path, *args: str) -> dict:
+    """Run the benchmark for the 1b model with ``args``; check every bucket size moved the whole model and
+    vLLM's log-probs after the updates match megatron's (and moved). Returns the 1b results."""
     out = tmp_path / "result.json"
     env = {**os.environ, "NCCL_NVLS_ENABLE": "0"}
-    proc = subprocess.run([sys.executable, str(BENCH), "--sizes", "1b", "--json", str(out)], env=env, timeout=900)
+    proc = subprocess.run([sys.executable, str(BENCH), "--sizes", "1b", "--json", str(out), *args], env=env, timeout=900)
     assert out.exists(), f"the benchmark failed before writing results (exit code {proc.returncode})"
     result = json.loads(out.read_text())
     res = result["results"]["1b"]
@@ -44,3 +43,9 @@ def test_nccl_transfer_into_vllm_on_the_other_gpu(tmp_path):
     assert lp["max"] <= tol["max"] and lp["mean"] <= tol["mean"], f"vLLM vs megatron log-probs: {lp}"
     assert lp["before_max"] > 2 * lp["max"], f"the update must move vLLM's log-probs measurably: {lp}"
     assert proc.returncode == 0
+    return res
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_nccl_transfer_into_vllm_on_the_other_gpu(tmp_path):
+    run_transfer_bench(tmp_path)

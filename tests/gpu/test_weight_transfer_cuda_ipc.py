@@ -132,3 +132,12 @@ def test_cuda_ipc_update_reaches_vllm_on_the_same_gpu(tmp_path):
     finally:
         senders.disconnect()
         close_llm(llm)
+
+
+def test_cuda_ipc_from_a_megatron_policy_into_vllm_on_the_same_gpu(tmp_path):
+    """The ~1B bf16 MegatronPolicy (trainer process) -> vLLM on the same GPU through the coordinator, by
+    ``benchmarks/bench_gpu_transfer.py --transport cuda_ipc``; its table holds GB/s against D2D copies."""
+    from test_multi_gpu_transfer import run_transfer_bench
+
+    res = run_transfer_bench(tmp_path, "--transport", "cuda_ipc")
+    print("\n" + "\n".join(f"{r['bucket_mb']} MiB: {r['gbps']:.0f} GB/s = {r['ratio']:.0%} of D2D" for r in res["rows"]))

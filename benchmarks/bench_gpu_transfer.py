@@ -1,18 +1,26 @@
-"""Weight transfer over NCCL between two GPUs: megatron trainer (GPU 0) -> real vLLM engine (GPU 1).
+"""Weight transfer on GPUs through the real protocol: megatron trainer -> real vLLM engine.
 
 Trainer side: one spawned process holds a ``MegatronPolicy`` (TP=1, bf16) of a Qwen3 model with ~1B
 (16 x 2048, GQA 16/4, 0.86B, 1.7 GB) or ~7B (32 x 4096, MHA, 6.7B, 13.5 GB) parameters, exports through
-``iter_hf_weights`` and sends with ``send_weights`` over the ``broadcast`` transport (NCCL on CUDA).
-Receiver side: ``vllm.LLM`` (CUDA_VISIBLE_DEVICES=1, enforce_eager, bf16) with the ``WeightReceiver``
-extension, driven by ``WeightTransferCoordinator`` through ``collective_rpc`` (connect, receive, verify
-bucket checksums, reload_weights). For each bucket size the same bytes in the same message sizes are
-also broadcast bare (two processes, torch.distributed NCCL, cuda events, median). After the updates
-vLLM's prompt log-probs must match megatron's on the new (perturbed) weights within bf16 tolerance.
+``iter_hf_weights`` and sends with ``send_weights``. Receiver side: ``vllm.LLM`` (enforce_eager, bf16) with
+the ``WeightReceiver`` extension, driven by ``WeightTransferCoordinator`` through ``collective_rpc``
+(connect, receive, verify bucket checksums, reload_weights). Transports:
+
+- ``--transport broadcast`` (default): trainer on GPU 0, vLLM on GPU 1, NCCL. Baseline: the same bytes in
+  the same message sizes broadcast bare (two processes, torch.distributed NCCL, cuda events, median).
+- ``--transport cuda_ipc``: trainer and vLLM on GPU 0. Baseline: device-to-device copies of the same
+  message sizes (bytes delivered per second). Only ``1b``: a 7B trainer with its optimizer and a vLLM
+  engine do not fit on one H200 together (``tests/gpu/test_weight_transfer_cuda_ipc.py`` measures 7B-sized
+  tensor sets without the trainer).
+
+After the updates vLLM's prompt log-probs must match megatron's on the new (perturbed) weights within
+bf16 tolerance.
 
     export PYTHONPATH=/tmp/vsite:/tmp/site:$PWD
-    python benchmarks/bench_nccl_transfer.py                 # 1b and 7b, 2 GPUs
-    python benchmarks/bench_nccl_transfer.py --sizes 1b      # the small model only
-    python benchmarks/bench_nccl_transfer.py --dry-run       # CPU: tiny model, gloo, vLLM on CPU
+    python benchmarks/bench_gpu_transfer.py                               # 1b and 7b, 2 GPUs, NCCL
+    python benchmarks/bench_gpu_transfer.py --sizes 1b                    # the small model only
+    python benchmarks/bench_gpu_transfer.py --transport cuda_ipc          # one GPU, 1b
+    python benchmarks/bench_gpu_transfer.py --dry-run                     # CPU: tiny model, gloo, vLLM on CPU
 
 GB = 1e9 bytes. "transfer s" is the coordinator's wall time of one update's transfer (senders'
 export + pack + checksum + send, concurrently with the replica's receive RPC), median of --reps.
@@ -186,6 +194,48 @@ def bare_broadcast(messages: dict, reps: int, cuda: bool) -> dict:
         p.join(60)
         if p.is_alive():
             p.kill()
+    if status != "ok":
+        raise RuntimeError(value)
+    return value
+
+
+def _copy_rank(messages: dict, reps: int, queue) -> None:
+    """Device-to-device copies of each bucket size's messages on GPU 0 (the cuda_ipc baseline)."""
+    try:
+        os.environ["CUDA_VISIBLE_DEVICES"] = "0"
+        import torch
+
+        size = max(max(m) for m in messages.values())
+        src = torch.empty(size, dtype=torch.uint8, device="cuda")
+        dst = torch.empty_like(src)
+        out = {}
+        for mb, sizes in messages.items():
+            times = []
+            for rep in range(reps + 1):
+                torch.cuda.synchronize()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for n in sizes:
+                    dst[:n].copy_(src[:n])
+                end.record()
+                torch.cuda.synchronize()
+                if rep:
+                    times.append(start.elapsed_time(end) / 1e3)
+            out[mb] = statistics.median(times)
+        queue.put(("ok", out))
+    except BaseException:
+        queue.put(("error", f"copy baseline: {traceback.format_exc()}"))
+        raise
+
+
+def bare_copy(messages: dict, reps: int) -> dict:
+    """{bucket MiB: median seconds} of copying ``messages[mb]`` (byte sizes) within GPU 0."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_copy_rank, args=(messages, reps, queue))
+    proc.start()
+    status, value = queue.get(timeout=600)
+    proc.join(60)
     if status != "ok":
         raise RuntimeError(value)
     return value
@@ -365,13 +415,18 @@ def run_size(size: str, args, cuda: bool, work: Path) -> dict:
         print(f"[{size}] random checkpoint {wrote['bytes'] / 1e9:.2f} GB written in {wrote['seconds']:.1f} s", flush=True)
         plans = {mb: build_plan(hf_dir, mb * MiB) for mb in args.buckets}
         messages = {mb: [b.nbytes for b in plan.buckets] for mb, plan in plans.items()}
-        bare = bare_broadcast(messages, args.bare_reps, cuda)
-        print(f"[{size}] bare broadcast medians (s): {bare}", flush=True)
-        trainer.post("build", str(hf_dir))  # megatron builds on GPU 0 while vLLM starts on GPU 1
+        if args.transport == "cuda_ipc":
+            bare = bare_copy(messages, args.bare_reps)
+        else:
+            bare = bare_broadcast(messages, args.bare_reps, cuda)
+        print(f"[{size}] baseline ({BASELINE[args.transport]}) medians (s): {bare}", flush=True)
+        trainer.post("build", str(hf_dir))  # with broadcast, megatron builds on GPU 0 while vLLM starts on GPU 1
+        # On one GPU vLLM sizes its cache from the memory free while it profiles: the trainer settles first.
+        built = trainer.result() if args.transport == "cuda_ipc" else None
         t0 = time.perf_counter()
         llm = make_llm(hf_dir, cuda, args.gpu_memory_utilization)
         print(f"[{size}] vLLM engine up in {time.perf_counter() - t0:.1f} s", flush=True)
-        built = trainer.result()
+        built = built or trainer.result()
         print(f"[{size}] MegatronPolicy {built['params'] / 1e9:.2f}B params built+updated in {built['seconds']:.1f} s", flush=True)
         before = vllm_logprobs(llm)
         replica = LLMReplica(llm, "vllm")
@@ -379,7 +434,7 @@ def run_size(size: str, args, cuda: bool, work: Path) -> dict:
         for mb in args.buckets:
             plan = plans[mb]
             trainer.plan = plan
-            config = WeightTransferConfig(transport={"type": "broadcast"}, bucket_size_mb=mb, timeout_s=args.timeout)
+            config = WeightTransferConfig(transport={"type": args.transport}, bucket_size_mb=mb, timeout_s=args.timeout)
             coordinator = WeightTransferCoordinator(config, plan, [replica], trainer)
             transfer, load, sender = [], [], []
             for i in range(args.reps + 1):
@@ -417,7 +472,8 @@ def run_size(size: str, args, cuda: bool, work: Path) -> dict:
 
 # ------------------------------------------------------------------------------------------------- output
 
-HEADER = ("| model | bucket | buckets | bytes | transfer s | sender s | GB/s | bare s | bare GB/s | ratio | vLLM load s |\n"
+BASELINE = {"broadcast": "bare NCCL broadcast GPU0 -> GPU1", "cuda_ipc": "device-to-device copy on GPU 0"}
+HEADER = ("| model | bucket | buckets | bytes | transfer s | sender s | GB/s | baseline s | baseline GB/s | ratio | vLLM load s |\n"
           "|---|---|---|---|---|---|---|---|---|---|---|")
 
 
@@ -427,13 +483,13 @@ def format_row(r: dict) -> str:
             f"| {r['load_s']:.3f} |")
 
 
-def print_table(results: dict, target: float) -> bool:
-    print("\n" + HEADER)
+def print_table(results: dict, target: float, transport: str) -> bool:
+    print(f"\ntransport {transport}; baseline: {BASELINE[transport]}\n" + HEADER)
     ok = True
     for res in results.values():
         for r in res["rows"]:
             print(format_row(r))
-    print(f"\ntarget: >= {target:.0%} of the bare broadcast at >= 1 GiB buckets; vLLM log-probs within "
+    print(f"\ntarget: >= {target:.0%} of the baseline at >= 1 GiB buckets; vLLM log-probs within "
           f"max {LOGPROB_TOL_MAX} / mean {LOGPROB_TOL_MEAN} nats of megatron's (bf16 both sides)")
     for size, res in results.items():
         big = [r for r in res["rows"] if r["bucket_mb"] >= 1024]
@@ -447,19 +503,32 @@ def print_table(results: dict, target: float) -> bool:
 
 def _parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sizes", default="1b,7b", help="comma-separated: 1b, 7b (tiny for --dry-run)")
+    p.add_argument("--transport", default="broadcast", choices=("broadcast", "cuda_ipc"),
+                   help="broadcast: NCCL from GPU 0 to vLLM on GPU 1; cuda_ipc: both on GPU 0")
+    p.add_argument("--sizes", default=None, help="comma-separated: 1b, 7b (default 1b,7b; 1b with cuda_ipc)")
     p.add_argument("--buckets", default=",".join(map(str, BUCKETS_MB)), help="bucket sizes in MiB, comma-separated")
     p.add_argument("--reps", type=int, default=3, help="timed updates per bucket size (after one warm-up)")
-    p.add_argument("--bare-reps", type=int, default=5, help="timed bare broadcasts per bucket size (after one warm-up)")
-    p.add_argument("--target", type=float, default=0.8, help="bandwidth ratio target at >= 1 GiB buckets")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    p.add_argument("--bare-reps", type=int, default=5, help="timed baseline runs per bucket size (after one warm-up)")
+    p.add_argument("--target", type=float, default=None,
+                   help="bandwidth ratio target at >= 1 GiB buckets (default 0.8 broadcast, 0.5 cuda_ipc)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="vLLM's share of its GPU (default 0.5; 0.3 with cuda_ipc, beside the trainer)")
     p.add_argument("--timeout", type=float, default=300.0, help="transport timeout, seconds")
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--workdir", default=None, help="where the random checkpoints go (default: a temp dir)")
     p.add_argument("--dry-run", action="store_true",
                    help="CPU: tiny model, gloo broadcast, vLLM on CPU, KiB buckets (checks the code path, not speed)")
     args = p.parse_args(argv)
-    args.sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    ipc = args.transport == "cuda_ipc"
+    args.sizes = [s.strip() for s in (args.sizes or ("1b" if ipc else "1b,7b")).split(",") if s.strip()]
+    args.target = args.target if args.target is not None else (0.5 if ipc else 0.8)
+    if args.gpu_memory_utilization is None:
+        args.gpu_memory_utilization = 0.3 if ipc else 0.5
+    if ipc and args.dry_run:
+        p.error("--dry-run runs the broadcast transport over gloo; cuda_ipc needs a GPU")
+    if ipc and "7b" in args.sizes:
+        p.error("--sizes 7b with --transport cuda_ipc: a 7B trainer with its optimizer (~120 GB) and vLLM do "
+                "not fit on one H200; tests/gpu/test_weight_transfer_cuda_ipc.py measures 7B-sized tensor sets")
     args.buckets = [int(b) for b in args.buckets.split(",")]
     if args.dry_run:
         args.sizes, args.reps, args.bare_reps = ["tiny"], 1, 2
@@ -474,9 +543,9 @@ def main(argv=None) -> int:
     args = _parse(argv)
     cuda = not args.dry_run
     if cuda:
-        # This process only drives vLLM: it and the engine it starts see GPU 1 alone; the trainer and the
-        # bare-broadcast ranks set their own device before touching CUDA.
-        os.environ["CUDA_VISIBLE_DEVICES"] = "1"
+        # This process only drives vLLM: it and the engine it starts see one GPU (GPU 1 for broadcast, the
+        # trainer's GPU 0 for cuda_ipc); the trainer and the baseline ranks set their own device first.
+        os.environ["CUDA_VISIBLE_DEVICES"] = "0" if args.transport == "cuda_ipc" else "1"
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_nccl_transfer."))
     results = {}
     t0 = time.perf_counter()
@@ -486,10 +555,10 @@ def main(argv=None) -> int:
     finally:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
-    ok = print_table(results, args.target)
+    ok = print_table(results, args.target, args.transport)
     print(f"total {time.perf_counter() - t0:.0f} s")
     if args.json:
-        Path(args.json).write_text(json.dumps({"results": results, "tolerance": {
+        Path(args.json).write_text(json.dumps({"results": results, "transport": args.transport, "tolerance": {
             "max": LOGPROB_TOL_MAX, "mean": LOGPROB_TOL_MEAN}, "target": args.target}, indent=1))
     return 0 if ok else 1
 
