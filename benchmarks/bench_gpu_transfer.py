@@ -472,7 +472,7 @@ def run_size(size: str, args, cuda: bool, work: Path) -> dict:
 
 # ------------------------------------------------------------------------------------------------- output
 
-BASELINE = {"broadcast": "bare NCCL broadcast GPU0 -> GPU1", "cuda_ipc": "device-to-device copy on GPU 0"}
+BASELINE = {"broadcast": "bare broadcast, NCCL GPU0 -> GPU1 (gloo in --dry-run)", "cuda_ipc": "device-to-device copy on GPU 0"}
 HEADER = ("| model | bucket | buckets | bytes | transfer s | sender s | GB/s | baseline s | baseline GB/s | ratio | vLLM load s |\n"
           "|---|---|---|---|---|---|---|---|---|---|---|")
 
