@@ -2,6 +2,7 @@
 
 import asyncio
 import re
+import time
 
 import pytest
 
@@ -24,12 +25,17 @@ async def generated_tokens(fleet) -> float:
 
 
 async def started(fleet, n: int) -> list[asyncio.Task]:
-    """Launch ``n`` long requests and return once they are all decoding (a loaded machine can take
-    seconds before the first token, and a request paused before it has nothing partial to return)."""
+    """Launch ``n`` long requests and return once the servers have sampled tokens for them (a loaded
+    machine can take seconds before the first token, and a request paused before it has nothing
+    partial to return). Fails, rather than waits forever, if they end or stall first."""
     before = await generated_tokens(fleet)
     tasks = [asyncio.create_task(fleet.generate(r)) for r in requests(n)]
-    while sum(r.in_flight for r in fleet.router.replicas) < n or await generated_tokens(fleet) < before + 4 * n:
+    deadline = time.monotonic() + 120
+    while await generated_tokens(fleet) < before + 4 * n:
+        done = sum(t.done() for t in tasks)
+        assert not done and time.monotonic() < deadline, f"{done}/{n} requests ended before 4 tokens each were sampled"
         await asyncio.sleep(0.05)
+    assert sum(r.in_flight for r in fleet.router.replicas) == n, "every request must still be running"
     return tasks
 
 
