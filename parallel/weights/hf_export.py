@@ -40,15 +40,10 @@ def _gather(param: torch.Tensor, group) -> list[torch.Tensor]:
 
 @torch.no_grad()
 def iter_hf_weights(model: torch.nn.Module, pg_collection) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, tensor) for the tensors this rank owns; every rank must exhaust the iterator.
-
-    Tensors come in the model's ``params_dtype``: megatron's torch norms (no Transformer Engine) hold
-    float32 weights in a bf16 model, while the checkpoint, the transfer plan and vLLM are all bf16.
-    """
+    """(HF name, tensor) for the tensors this rank owns; every rank must exhaust the iterator."""
     config = unwrap(model).config
     for _, (param, place) in placements(model, pg_collection).items():
         shards = _gather(param, place.tp_group) if place.partition_dim is not None else [param.detach()]
         if place.tp_group.rank() != 0 or place.owner_group.rank() != 0:
             continue
-        for name, tensor in hf_tensors_from_shards(hf_source(place.global_name), shards, place.partition_dim, config):
-            yield name, tensor.to(config.params_dtype) if tensor.is_floating_point() else tensor
+        yield from hf_tensors_from_shards(hf_source(place.global_name), shards, place.partition_dim, config)
