@@ -41,8 +41,10 @@ def compute_log_ratio(
 
 
 def _metrics(diff: torch.Tensor, ratio: torch.Tensor, live: torch.Tensor) -> Metrics:
-    """Live-token stats without masked passes: masked positions hold diff 0 and ratio exactly 1,
-    so sums are corrected by the dead count, and min/max need a masked pass only when 1 wins.
+    """Live-token stats: masked positions hold diff 0 and ratio exactly 1, so the mean is corrected by
+    the dead count and min/max need a masked pass only when 1 wins. The variance sums live deviations
+    only: subtracting the dead tokens' share from a sum over all positions cancels catastrophically
+    when they dominate (one live token among six gave std 7e-4 instead of 0).
     """
     live_count = int(count(live))
     if live_count == 0:
@@ -51,8 +53,8 @@ def _metrics(diff: torch.Tensor, ratio: torch.Tensor, live: torch.Tensor) -> Met
         return {f"correction/{k}": zero for k in names + ("logprob_abs_diff_mean", "logprob_abs_diff_max")}
     dead, n = live.numel() - live_count, live_count
     mean = (ratio.sum() - dead) / n
-    centred = ratio - mean
-    var = ((centred * centred).sum() - dead * (1 - mean) ** 2) / n
+    centred = torch.where(live, ratio - mean, 0.0)
+    var = (centred * centred).sum() / n
     low, high = torch.aminmax(ratio)
     if dead:
         if not bool(low < 1):
@@ -62,7 +64,7 @@ def _metrics(diff: torch.Tensor, ratio: torch.Tensor, live: torch.Tensor) -> Met
     gap = diff.abs()
     return {
         "correction/is_ratio_mean": mean,
-        "correction/is_ratio_std": var.clamp(min=0).sqrt(),
+        "correction/is_ratio_std": var.sqrt(),
         "correction/is_ratio_min": low,
         "correction/is_ratio_max": high,
         "correction/logprob_abs_diff_mean": gap.sum() / n,

@@ -89,7 +89,8 @@ class InferenceFleet:
         async with self._slots:
             body, replica, attempts, latency = await self.router.send(payload, request.session_id)
         token_ids, logprobs, reason, experts = parse_choice(body)
-        result = GenerationResult(token_ids, logprobs, reason, replica.url, version, experts, attempts, latency)
+        result = GenerationResult(token_ids, logprobs, reason, replica.url, version, routed_experts=experts,
+                                  attempts=attempts, latency_s=latency)
         if request.return_routed_experts and experts is None:
             await self._attach_captured_routes(replica, body["id"], result)
         return result

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
 STOP_REASONS = ("stop", "length", "abort")
 
@@ -83,6 +83,7 @@ class GenerationResult:
     """URL of the replica that produced it."""
     weight_version: str | None
     """Weight version the fleet was on when the request was sent (the cache salt's version)."""
+    _: KW_ONLY  # the optional fields are easy to misplace by position
     routed_experts: list | None = None
     """MoE, when asked: expert indices [position, layer, top_k slot] for the prompt and response
     tokens from ``routed_experts_start`` on, up to the last sampled token (never forwarded)."""

@@ -61,7 +61,9 @@ def test_killing_a_replica_mid_batch_loses_no_request(fleet_config, servers):
         assert all(len(r.token_ids) == 120 and r.stop_reason == "length" for r in results)
         retried = [r for r in results if r.attempts > 1]
         assert retried, "some requests were on the killed replica and must have been retried"
-        assert all(r.replica == servers.servers[0].url for r in retried)
+        placed = [(r.replica, r.attempts) for r in retried]
+        assert all(r.replica == servers.servers[0].url for r in retried), f"retries must land on the survivor: {placed}"
+        assert all(r.routed_experts is None and r.routed_experts_start == 0 for r in results)
     finally:
         victim.stop()
         victim.start()
