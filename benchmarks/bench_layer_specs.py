@@ -5,11 +5,16 @@ sequence 4096, batch 2, bf16, the issue's table) it builds each spec in turn and
 - train: one full step (forward, backward, megatron's Adam with fp32 master weights),
 - rl: the RL train step (a no-grad log-prob pass, then a clipped-ratio policy update),
 printing tokens/s, MFU (model FLOPs per token 6*N_active + 6*L*s*h for the train step, 8*N + 8*L*s*h
-for the RL step, of --peak-tflops), peak memory and fast/local ratios. ``--profile`` adds a torch
-profiler summary of the fast MoE train step.
+for the RL step, of --peak-tflops), peak memory and fast/local ratios. ``--recompute`` adds a row of
+the fast spec with activation recompute (MFU still counts model FLOPs, not the recomputed ones).
+``--profile`` adds a torch profiler summary of the fast MoE train step. Peak memory is the CUDA
+allocator's peak on GPU and, on CPU, the peak of live allocations in the profiler's trace of one
+train step.
 
-    python benchmarks/bench_layer_specs.py                 # H200 (one GPU)
-    python benchmarks/bench_layer_specs.py --tiny --iters 1 # CPU smoke run
+    python benchmarks/bench_layer_specs.py                           # H200 (one GPU)
+    python benchmarks/bench_layer_specs.py --recompute full          # ... and the fast spec with recompute
+    python benchmarks/bench_layer_specs.py --tiny --iters 1          # CPU smoke run
+    python benchmarks/bench_layer_specs.py --small --recompute full  # CPU memory comparison
 """
 
 from __future__ import annotations
@@ -38,6 +43,11 @@ class Shape:
 
 
 TINY = Shape(layers=2, hidden=64, heads=4, groups=2, ffn=128, experts=4, moe_ffn=32, vocab=256, seq=64, batch=2)
+SMALL = Shape(layers=4, hidden=512, heads=8, groups=2, ffn=1408, experts=8, moe_ffn=352, vocab=8192, seq=1024, batch=2)
+RECOMPUTE = {
+    "full": lambda moe: dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1),
+    "selective": lambda moe: dict(recompute_granularity="selective", recompute_modules=["core_attn", "moe" if moe else "mlp"]),
+}
 
 
 def main() -> None:
@@ -46,12 +56,13 @@ def main() -> None:
     from parallel.groups import destroy_distributed, init_distributed
 
     init_distributed(ParallelConfig(), 0, 1, f"tcp://127.0.0.1:{args.port}")
-    shape = TINY if args.tiny else Shape(seq=args.seq, batch=args.batch)
+    shape = TINY if args.tiny else SMALL if args.small else Shape(seq=args.seq, batch=args.batch)
+    variants = [("local", None), ("fast", None)] + ([("fast", args.recompute)] if args.recompute else [])
     rows = []
     try:
         for moe in (False, True):
-            for spec in ("local", "fast"):
-                rows.append(_measure(shape, moe, spec, args))
+            for spec, recompute in variants:
+                rows.append(_measure(shape, moe, spec, args, recompute))
                 print(_row(rows[-1]), flush=True)
         if args.profile:
             _profile(shape, args)
@@ -68,6 +79,8 @@ def _parse():
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of the GPU")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke run)")
+    parser.add_argument("--small", action="store_true", help="4 layers x 512 hidden, sequence 1024 (CPU memory runs)")
+    parser.add_argument("--recompute", choices=sorted(RECOMPUTE), help="add the fast spec with this activation recompute")
     parser.add_argument("--profile", action="store_true", help="torch profiler summary of the fast MoE step")
     parser.add_argument("--port", type=int, default=29561)
     parser.add_argument("--bf16-grads", action="store_true",
@@ -75,7 +88,7 @@ def _parse():
     return parser.parse_args()
 
 
-def _config(shape: Shape, moe: bool):
+def _config(shape: Shape, moe: bool, recompute: str | None = None):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     gpu = torch.cuda.is_available()
@@ -107,10 +120,11 @@ def _config(shape: Shape, moe: bool):
         params_dtype=dtype,
         pipeline_dtype=dtype,
         **extra,
+        **(RECOMPUTE[recompute](moe) if recompute else {}),
     )
 
 
-def _build(shape: Shape, moe: bool, spec_name: str, fp32_grads: bool = True):
+def _build(shape: Shape, moe: bool, spec_name: str, fp32_grads: bool = True, recompute: str | None = None):
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.models.gpt import GPTModel
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -118,7 +132,7 @@ def _build(shape: Shape, moe: bool, spec_name: str, fp32_grads: bool = True):
     from parallel.layers.spec import build_layer_spec, norms_in_params_dtype
     from parallel.optim import use_fused_adam
 
-    config = _config(shape, moe)
+    config = _config(shape, moe, recompute)
     spec = build_layer_spec(config, moe=moe, qk_layernorm=False, prefer=spec_name)
     model = GPTModel(
         config=config,
@@ -178,20 +192,23 @@ def _timed(step, warmup: int, iters: int) -> float:
     return (time.perf_counter() - start) / iters
 
 
-def _measure(shape: Shape, moe: bool, spec: str, args) -> dict:
+def _measure(shape: Shape, moe: bool, spec: str, args, recompute: str | None = None) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model, optimizer = _build(shape, moe, spec, not args.bf16_grads)
+    model, optimizer = _build(shape, moe, spec, not args.bf16_grads, recompute)
     gen = torch.Generator(device="cpu").manual_seed(0)
     tokens = torch.randint(0, shape.vocab, (shape.batch, shape.seq + 1), generator=gen).to(device)
     advantages = torch.randn(shape.batch, shape.seq, generator=gen).to(device)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     train = _timed(lambda: _train_step(model, optimizer, tokens), args.warmup, args.iters)
-    peak = torch.cuda.max_memory_allocated() / 1e9 if device == "cuda" else float("nan")
+    if device == "cuda":
+        peak = torch.cuda.max_memory_allocated() / 1e9
+    else:
+        peak = _cpu_peak_bytes(lambda: _train_step(model, optimizer, tokens)) / 1e9
     rl = _timed(lambda: _rl_step(model, optimizer, tokens, advantages), args.warmup, args.iters)
     row = dict(
         model="MoE" if moe else "dense",
-        spec=spec,
+        spec=spec + (f"+{recompute} recompute" if recompute else ""),
         total=_params(model, active=False),
         active=_params(model, active=True, shape=shape),
         train_s=train,
@@ -205,6 +222,30 @@ def _measure(shape: Shape, moe: bool, spec: str, args) -> dict:
     if device == "cuda":
         torch.cuda.empty_cache()
     return row
+
+
+def _cpu_peak_bytes(step) -> int:
+    """Peak live bytes during ``step`` from the profiler's allocation trace, counted from the bytes
+    already held when it starts (parameters, gradients, optimizer state)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    held = sum(storage.nbytes() for storage in _storages_held())
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    live = peak = 0
+    for event in sorted(prof.events(), key=lambda e: e.time_range.start):
+        live += event.cpu_memory_usage
+        peak = max(peak, live)
+    return held + peak
+
+
+def _storages_held():
+    """Every distinct tensor storage the garbage collector can reach."""
+    seen = set()
+    for obj in gc.get_objects():
+        if torch.is_tensor(obj) and not obj.is_meta and obj.untyped_storage().data_ptr() not in seen:
+            seen.add(obj.untyped_storage().data_ptr())
+            yield obj.untyped_storage()
 
 
 def _params(model, *, active: bool, shape: Shape | None = None) -> int:
@@ -237,11 +278,12 @@ def _print_table(rows: list[dict], peak_tflops: float) -> None:
     print("|---|---|---|---|---|---|---|")
     for row in rows:
         print(_row(row, peak_tflops))
-    for local, fast in zip(rows[::2], rows[1::2]):
-        print(
-            f"{fast['model']}: fast/local train x{local['train_s'] / fast['train_s']:.2f}, "
-            f"RL step x{local['rl_s'] / fast['rl_s']:.2f}, peak memory x{fast['peak_gb'] / local['peak_gb']:.2f}"
-        )
+    for local in (r for r in rows if r["spec"] == "local"):
+        for other in (r for r in rows if r["model"] == local["model"] and r is not local):
+            print(
+                f"{other['model']}: {other['spec']}/local train x{local['train_s'] / other['train_s']:.2f}, "
+                f"RL step x{local['rl_s'] / other['rl_s']:.2f}, peak memory x{other['peak_gb'] / local['peak_gb']:.2f}"
+            )
 
 
 def _profile(shape: Shape, args) -> None:

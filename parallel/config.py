@@ -103,6 +103,54 @@ class OptimizerConfig:
         _require(self.weight_decay >= 0, f"{key}.weight_decay", f"must be >= 0, got {self.weight_decay}")
 
 
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe")
+"""Selective recompute units megatron-core offers the non-TE specs (``moe_act`` needs TE's grouped MLP)."""
+
+
+@dataclass
+class RecomputeConfig:
+    """Activation recompute (``trainer.recompute``): keep fewer activations, run their forward again
+    in backward. megatron-core's own mechanism; routing replay stays exact under it."""
+
+    granularity: str | None = None
+    """null (keep every activation), full (whole layers) or selective (the ``modules`` below)."""
+    method: str = "uniform"
+    """full only: uniform (checkpoint chunks of ``num_layers`` layers) or block (checkpoint the first
+    ``num_layers`` layers of each pipeline stage, keep the rest)."""
+    num_layers: int = 1
+    """full only: layers per chunk (uniform) or checkpointed layers per stage (block)."""
+    modules: list[str] = field(default_factory=lambda: ["core_attn"])
+    """selective only: any of core_attn, layernorm (Transformer Engine only), mlp (dense MLPs), moe
+    (whole MoE layers)."""
+
+    def __post_init__(self) -> None:
+        key = "trainer.recompute"
+        _require(
+            self.granularity in (None, "full", "selective"),
+            f"{key}.granularity",
+            f"unknown {self.granularity!r}; known: null, full, selective",
+        )
+        _require(self.method in ("uniform", "block"), f"{key}.method", f"unknown {self.method!r}; known: uniform, block")
+        _require(self.num_layers >= 1, f"{key}.num_layers", f"must be >= 1, got {self.num_layers}")
+        unknown = sorted(set(self.modules) - set(RECOMPUTE_MODULES))
+        _require(
+            not unknown,
+            f"{key}.modules",
+            f"{unknown} not recomputable without Transformer Engine; choose from {list(RECOMPUTE_MODULES)} "
+            "(moe_act: use moe, which recomputes the whole MoE layer)",
+        )
+        if self.granularity == "selective":
+            _require(bool(self.modules), f"{key}.modules", "empty with granularity=selective; name at least one module")
+
+    def transformer_config_kwargs(self) -> dict:
+        """The TransformerConfig fields (megatron's names)."""
+        if self.granularity is None:
+            return {}
+        if self.granularity == "full":
+            return dict(recompute_granularity="full", recompute_method=self.method, recompute_num_layers=self.num_layers)
+        return dict(recompute_granularity="selective", recompute_modules=list(self.modules))
+
+
 @dataclass
 class CriticConfig:
     """The value model (``critic``)."""
@@ -138,6 +186,8 @@ class TrainerConfig:
     grouped-GEMM experts), None for TE when it imports and the fast modules otherwise."""
     attention_backend: str = "sdpa"
     """Without TE: sdpa (the fast spec) or local (megatron-core's own unfused local spec)."""
+    recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
+    """Activation recompute: off by default."""
 
     def __post_init__(self) -> None:
         _require(self.num_ranks >= 1, "trainer.num_ranks", f"must be >= 1, got {self.num_ranks}")

@@ -12,7 +12,7 @@ from transformers import AutoConfig
 
 from parallel.architectures import architecture_of, rope_theta, transformer_config_kwargs, vocab_size
 from parallel.config import TrainerConfig
-from parallel.layers.spec import build_layer_spec, norms_in_params_dtype
+from parallel.layers.spec import build_layer_spec, norms_in_params_dtype, resolve
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -36,6 +36,17 @@ def spec_preference(cfg: TrainerConfig) -> str:
 def transformer_config(hf_config, cfg: TrainerConfig, pg_collection) -> TransformerConfig:
     """The TransformerConfig for this layout and precision."""
     p = cfg.parallel
+    per_stage = hf_config.num_hidden_layers // p.pipeline_model_parallel_size
+    if cfg.recompute.granularity == "full" and cfg.recompute.num_layers > per_stage:
+        raise ValueError(
+            f"trainer.recompute.num_layers: {cfg.recompute.num_layers} but each pipeline stage holds {per_stage} "
+            f"layers; use 1..{per_stage}"
+        )
+    if cfg.recompute.granularity == "selective" and "layernorm" in cfg.recompute.modules and resolve(spec_preference(cfg)) != "te":
+        raise ValueError(
+            "trainer.recompute.modules: layernorm needs Transformer Engine (megatron-core's CheckpointWithoutOutput "
+            "always takes its fp8 path, which imports TE); drop it here, or use granularity=full"
+        )
     return TransformerConfig(
         **transformer_config_kwargs(hf_config, _DTYPES[cfg.dtype]),
         tensor_model_parallel_size=p.tensor_model_parallel_size,
@@ -44,6 +55,7 @@ def transformer_config(hf_config, cfg: TrainerConfig, pg_collection) -> Transfor
         expert_tensor_parallel_size=p.expert_tensor_parallel_size or p.tensor_model_parallel_size,
         pipeline_dtype=_DTYPES[cfg.dtype],
         use_cpu_initialization=not torch.cuda.is_available(),
+        **cfg.recompute.transformer_config_kwargs(),
     )
 
 

@@ -3,6 +3,12 @@
 R3 replays the experts the sampler chose for each token; R2 records the experts of the trainer's
 old-log-prob pass and replays them in the training pass. Records are ``[b, s, num_moe_layers, topk]``
 per micro-batch; megatron's routers see tokens sequence-major (``[s * b]``), hence the transposes.
+
+Activation recompute runs a router again inside backward, and under pipeline parallelism (1F1B)
+other micro-batches' forwards come between. Each forward therefore also queues its routing on
+megatron's backward list, and after it the routers switch to ``REPLAY_BACKWARD``, which pops that
+list in order: backward passes run in forward order, so every recompute meets its own micro-batch's
+experts. Free-routed micro-batches (fillers) queue the experts they chose.
 """
 
 from __future__ import annotations
@@ -30,24 +36,32 @@ class RoutingReplay:
         self.num_experts = gpt.config.num_moe_experts or 0
         self.topk = gpt.config.moe_router_topk
 
-    def _set(self, action) -> None:
+    def _act(self, action) -> None:
         for _, handle in self.handles:
-            handle.clear_indices()
-            handle.set_router_replay_action(action) if action else handle.clear_router_replay_action()
+            handle.set_router_replay_action(action)
 
     def replay(self, mb: MicroBatch) -> None:
-        """Before a forward: route ``mb``'s tokens to ``mb.routing`` (route freely if it is None)."""
+        """Before a forward: route ``mb``'s tokens to ``mb.routing`` (route freely if it is None).
+        Pair with :meth:`replayed` after the forward."""
         if mb.routing is None:
-            self._set(None)
+            self._act(RouterReplayAction.RECORD)
             return
-        self._set(RouterReplayAction.REPLAY_FORWARD)
+        self._act(RouterReplayAction.REPLAY_FORWARD)
         seq_major = mb.routing.transpose(0, 1)  # [s, b, L, k]
         for layer, handle in self.handles:
+            # also queued on the handle's backward list, for a recompute of this micro-batch
             handle.set_target_indices(seq_major[:, :, layer].reshape(-1, self.topk).contiguous())
+
+    def replayed(self, mb: MicroBatch) -> None:
+        """After a forward: recomputes in backward replay the queued routing, in forward order."""
+        for _, handle in self.handles:
+            if mb.routing is None:
+                handle.replay_backward_list.append(handle.get_recorded_indices())
+            handle.set_router_replay_action(RouterReplayAction.REPLAY_BACKWARD)
 
     def record(self, mb: MicroBatch) -> None:
         """Before a forward: let the routers choose and keep their choices."""
-        self._set(RouterReplayAction.RECORD)
+        self._act(RouterReplayAction.RECORD)
 
     def recorded(self, mb: MicroBatch) -> torch.Tensor:
         """After a recording forward: ``[b, s, num_moe_layers, topk]``, zero for other stages' layers."""
@@ -58,8 +72,10 @@ class RoutingReplay:
         return out
 
     def off(self) -> None:
-        """Route freely again and drop held indices."""
-        self._set(None)
+        """Route freely again and drop held and queued indices."""
+        for _, handle in self.handles:
+            handle.clear_indices()
+            handle.clear_router_replay_action()
 
 
 def gather_records(per_mb: list[tuple[list[int], torch.Tensor]], batch, replay: RoutingReplay, pg_collection) -> list[RoutedExperts]:

@@ -88,9 +88,11 @@ def train_step(
         loss, metrics = _micro_batch_loss(mb, logits, algo, pgs.tp, share)
         return loss * undo, metrics
 
-    before = routing.replay if routing is not None else None
+    before, after = (routing.replay, routing.replayed) if routing is not None else (None, None)
     try:
-        per_mb = run_schedule(model, mbs, loss_fn, forward_only=False, before_forward=before, pg_collection=pgs)
+        per_mb = run_schedule(
+            model, mbs, loss_fn, forward_only=False, before_forward=before, after_forward=after, pg_collection=pgs
+        )
     finally:
         if routing is not None:
             routing.off()

@@ -13,7 +13,10 @@ def test_every_recipe_composes(recipe):
 
 
 def test_overrides_reach_nested_dataclasses():
-    cfg = load_config(["run.seed=7", "algorithm.correction.tis_ratio_type=token", "algorithm.routing_replay.mode=r3"])
+    cfg = load_config(["run.seed=7", "algorithm.correction.tis_ratio_type=token", "algorithm.routing_replay.mode=r3",
+                       "trainer.recompute.granularity=selective", "trainer.recompute.modules=[core_attn,moe]"])
+    assert cfg.trainer.recompute.transformer_config_kwargs() == dict(
+        recompute_granularity="selective", recompute_modules=["core_attn", "moe"])
     assert cfg.run.seed == 7
     assert cfg.algorithm.correction.tis_ratio_type == "token"
     assert cfg.algorithm.routing_replay.mode.value == "r3"
@@ -31,6 +34,9 @@ def test_overrides_reach_nested_dataclasses():
         (["recipe=no_such_recipe"], "recipe=no_such_recipe.*tiny_cpu"),
         (["run.seed"], "expected key=value"),
         (["algorithm.routing_replay.mode=r2"], "routing_replay.mode=r2.*r3"),
+        (["trainer.recompute.granularity=layer"], "trainer.recompute.granularity.*full, selective"),
+        (["trainer.recompute.modules=[moe_act]"], "trainer.recompute.modules.*use moe"),
+        (["trainer.recompute.num_layers=0"], "trainer.recompute.num_layers"),
     ],
 )
 def test_bad_input_names_the_key(words, needle):

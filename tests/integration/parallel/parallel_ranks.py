@@ -215,3 +215,33 @@ def export_specs_rank(rank, world, init_method, hf_dir, cfg):
 
     policy = MegatronPolicy(hf_dir, cfg, AlgorithmConfig(), rank, world, init_method)
     return [(name, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in policy.export_weights()]
+
+
+def recompute_rank(rank, world, init_method, hf_dir, cfgs, algorithm, batch):
+    """For each config (one layout, differing only in recompute): one training step from the same
+    weights; (metrics, router forwards during the step, this rank's HF tensors after it)."""
+    enable_cpu()
+    from megatron.core import parallel_state
+
+    from parallel.policy import MegatronPolicy
+
+    out = []
+    for cfg in cfgs:
+        policy = MegatronPolicy(hf_dir, cfg, algorithm, rank, world, init_method)
+        used = _experts_used(policy) if policy.routing is not None else []
+        metrics = policy.train_step(batch)
+        out.append((metrics, len(used), dict(policy.export_weights())))
+        parallel_state.destroy_model_parallel()  # the next policy builds the same groups again
+    return out
+
+
+def config_error_rank(rank, world, init_method, hf_dir, cfg):
+    """The ValueError message building ``cfg``'s TransformerConfig raises ('' if none)."""
+    enable_cpu()
+    from parallel.provider import load_hf_config, transformer_config
+
+    try:
+        transformer_config(load_hf_config(hf_dir), cfg, None)
+    except ValueError as err:
+        return str(err)
+    return ""
