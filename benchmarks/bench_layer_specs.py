@@ -8,13 +8,13 @@ printing tokens/s, MFU (model FLOPs per token 6*N_active + 6*L*s*h for the train
 for the RL step, of --peak-tflops), peak memory and fast/local ratios. ``--recompute`` adds a row of
 the fast spec with activation recompute (MFU still counts model FLOPs, not the recomputed ones).
 ``--profile`` adds a torch profiler summary of the fast MoE train step. Peak memory is the CUDA
-allocator's peak on GPU and, on CPU, the peak of live allocations in the profiler's trace of one
-train step.
+allocator's peak on GPU; CPU runs print instead the bytes one forward keeps for backward
+(activations, not weights or optimizer state), which is what recompute changes.
 
     python benchmarks/bench_layer_specs.py                           # H200 (one GPU)
     python benchmarks/bench_layer_specs.py --recompute full          # ... and the fast spec with recompute
     python benchmarks/bench_layer_specs.py --tiny --iters 1          # CPU smoke run
-    python benchmarks/bench_layer_specs.py --small --recompute full  # CPU memory comparison
+    python benchmarks/bench_layer_specs.py --small --recompute full  # CPU activation-memory comparison
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ def _measure(shape: Shape, moe: bool, spec: str, args, recompute: str | None = N
     if device == "cuda":
         peak = torch.cuda.max_memory_allocated() / 1e9
     else:
-        peak = _cpu_peak_bytes(lambda: _train_step(model, optimizer, tokens)) / 1e9
+        peak = _saved_activation_bytes(model, tokens) / 1e9
     rl = _timed(lambda: _rl_step(model, optimizer, tokens, advantages), args.warmup, args.iters)
     row = dict(
         model="MoE" if moe else "dense",
@@ -224,28 +224,23 @@ def _measure(shape: Shape, moe: bool, spec: str, args, recompute: str | None = N
     return row
 
 
-def _cpu_peak_bytes(step) -> int:
-    """Peak live bytes during ``step`` from the profiler's allocation trace, counted from the bytes
-    already held when it starts (parameters, gradients, optimizer state)."""
-    from torch.profiler import ProfilerActivity, profile
+def _saved_activation_bytes(model, tokens) -> int:
+    """Bytes the forward keeps for backward (distinct storages other than parameters): the activation
+    memory that recompute trades away. CPU runs report it in place of the CUDA allocator's peak."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
 
-    held = sum(storage.nbytes() for storage in _storages_held())
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    live = peak = 0
-    for event in sorted(prof.events(), key=lambda e: e.time_range.start):
-        live += event.cpu_memory_usage
-        peak = max(peak, live)
-    return held + peak
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
 
-
-def _storages_held():
-    """Every distinct tensor storage the garbage collector can reach."""
-    seen = set()
-    for obj in gc.get_objects():
-        if torch.is_tensor(obj) and not obj.is_meta and obj.untyped_storage().data_ptr() not in seen:
-            seen.add(obj.untyped_storage().data_ptr())
-            yield obj.untyped_storage()
+    model.zero_grad_buffer()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = _logprobs(model, tokens).mean()
+    loss.backward()
+    return sum(saved.values())
 
 
 def _params(model, *, active: bool, shape: Shape | None = None) -> int:
@@ -269,12 +264,13 @@ def _row(row: dict, peak_tflops: float = 989.0) -> str:
     rl_tps, rl_mfu = _mfu(row, row["rl_s"], 8, peak_tflops)
     return (
         f"| {row['model']} {row['total'] / 1e6:.0f}M ({row['active'] / 1e6:.0f}M active) | {row['spec']} "
-        f"| {tps / 1e3:.1f}k | {100 * mfu:.1f}% | {row['peak_gb']:.1f} GB | {rl_tps / 1e3:.1f}k | {100 * rl_mfu:.1f}% |"
+        f"| {tps / 1e3:.1f}k | {100 * mfu:.1f}% | {row['peak_gb']:.2f} GB | {rl_tps / 1e3:.1f}k | {100 * rl_mfu:.1f}% |"
     )
 
 
 def _print_table(rows: list[dict], peak_tflops: float) -> None:
-    print(f"\n| model | spec | train tokens/s | train MFU (of {peak_tflops:.0f}) | peak memory | RL step tokens/s | RL MFU |")
+    memory = "peak memory" if torch.cuda.is_available() else "saved activations (CPU)"
+    print(f"\n| model | spec | train tokens/s | train MFU (of {peak_tflops:.0f}) | {memory} | RL step tokens/s | RL MFU |")
     print("|---|---|---|---|---|---|---|")
     for row in rows:
         print(_row(row, peak_tflops))
@@ -282,7 +278,7 @@ def _print_table(rows: list[dict], peak_tflops: float) -> None:
         for other in (r for r in rows if r["model"] == local["model"] and r is not local):
             print(
                 f"{other['model']}: {other['spec']}/local train x{local['train_s'] / other['train_s']:.2f}, "
-                f"RL step x{local['rl_s'] / other['rl_s']:.2f}, peak memory x{other['peak_gb'] / local['peak_gb']:.2f}"
+                f"RL step x{local['rl_s'] / other['rl_s']:.2f}, {memory} x{other['peak_gb'] / local['peak_gb']:.2f}"
             )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 _DTYPES = ("float32", "bfloat16")
@@ -153,18 +154,30 @@ class RecomputeConfig:
 
 @dataclass
 class CriticConfig:
-    """The value model (``critic``)."""
+    """The value model (``critic``): built when ``algorithm.advantage_estimator=gae``, from the policy's
+    HF checkpoint, in the policy's rank processes with its layout and ``trainer.optimizer`` settings."""
 
+    lr: float | None = None
+    """Peak learning rate of the critic; null takes ``trainer.optimizer.lr`` (PPO recipes usually set ~10x)."""
     value_clip: float | None = 0.2
     """PPO value clip around the old values; null for the plain squared error."""
     head_init_std: float = 0.0
     """Std of the value head's initial weights; 0 starts every value at 0."""
 
     def __post_init__(self) -> None:
+        if self.lr is not None and self.lr <= 0:
+            raise ValueError(f"critic.lr: must be > 0 or null, got {self.lr}")
         if self.value_clip is not None and self.value_clip <= 0:
             raise ValueError(f"critic.value_clip: must be > 0 or null, got {self.value_clip}")
         if self.head_init_std < 0:
             raise ValueError(f"critic.head_init_std: must be >= 0, got {self.head_init_std}")
+
+    def trainer_config(self, trainer: "TrainerConfig") -> "TrainerConfig":
+        """The policy's trainer settings with the critic's learning rate."""
+        if self.lr is None:
+            return trainer
+        optimizer = dataclasses.replace(trainer.optimizer, lr=self.lr, min_lr=min(trainer.optimizer.min_lr, self.lr))
+        return dataclasses.replace(trainer, optimizer=optimizer)
 
 
 @dataclass

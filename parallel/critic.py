@@ -3,7 +3,9 @@
 Built by the same provider from the policy's HF checkpoint (so it starts from the policy's weights),
 with the vocabulary output layer replaced on the last pipeline stage by :class:`ValueHead`, a
 ``[1, hidden]`` projection replicated on every tensor-parallel rank (its input, the final hidden
-state, is replicated too). Values are ``[B, T]``: the value of the state at each token.
+state, is replicated too). Values are ``[B, T]`` and aligned like log-probs: position ``p`` holds the
+value of the state before token ``p`` (the head's output at ``p - 1``, which has not seen the token),
+so a response token's value, log-prob and advantage share one position.
 """
 
 from __future__ import annotations
@@ -44,6 +46,11 @@ def attach_value_head(model, init_std: float) -> None:
         gpt.output_layer = ValueHead(gpt.config, init_std)
 
 
+def state_values(head_out: torch.Tensor) -> torch.Tensor:
+    """``[b, s]`` head outputs -> ``[b, s]`` values of the state before each token (0 at position 0)."""
+    return torch.nn.functional.pad(head_out[:, :-1], (1, 0))
+
+
 def _micro_batches(batch: TrainingBatch, max_tokens: int, pgs, **per_token: torch.Tensor):
     """This rank's micro-batches with extra ``[B, T]`` tensors cut to each micro-batch's rows."""
     mbs = micro_batches(batch, max_tokens, pgs.dp.rank(), pgs.dp.size())
@@ -62,7 +69,7 @@ def compute_values(model, batch: TrainingBatch, max_tokens: int, pgs) -> torch.T
 
     def collect(mb, values):
         if mb.rows:
-            out[mb.rows, : values.shape[1]] = values[..., 0].float()
+            out[mb.rows, : values.shape[1]] = state_values(values[..., 0].float())
         return values.new_zeros(()), {}
 
     run_schedule(model, _micro_batches(batch, max_tokens, pgs), collect, forward_only=True, pg_collection=pgs)
@@ -84,7 +91,8 @@ def critic_train_step(model, optimizer, scheduler, batch, returns, old_values, c
 
     def loss_fn(mb, values):
         t = {k: v.to(values.device) for k, v in mb.tensors.items() if v is not None}
-        loss, metrics = clipped_value_loss(values[..., 0].float(), t["old_values"], t["returns"], t["loss_mask"], clip)
+        predicted = state_values(values[..., 0].float())
+        loss, metrics = clipped_value_loss(predicted, t["old_values"], t["returns"], t["loss_mask"], clip)
         share = float(t["loss_mask"].sum() / total) if mb.rows else 0.0
         return loss * share * undo, {k: v * share for k, v in metrics.items()}
 

@@ -160,3 +160,22 @@ def load_trainer(path: str | Path, model, optimizer, scheduler, pgs) -> dict:
     if same_layout:
         _set_rng_state(loaded["rng_state"])
     return loaded["extra"]
+
+
+def save_weights(path: str | Path, model, pgs) -> None:
+    """Write only the model's weights into ``path`` (collective), loadable at another layout."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    state = {"model": unwrap(model).sharded_state_dict(), "layout": layout(pgs)}
+    dist_checkpointing.save(state, str(path))
+    dist.barrier()
+    if not (path / COMPLETE_MARKER).exists():
+        raise RuntimeError(f"weights checkpoint {path}: save finished without {COMPLETE_MARKER}; it is incomplete")
+
+
+def load_weights(path: str | Path, model) -> None:
+    """Restore what :func:`save_weights` wrote (collective)."""
+    check_complete(path)
+    loaded = dist_checkpointing.load({"model": unwrap(model).sharded_state_dict()}, str(path))
+    unwrap(model).load_state_dict(loaded["model"])

@@ -2,7 +2,8 @@
 
 Every call fans out to all ranks (megatron's collectives need each rank to take part) and returns
 the answer of the rank that holds it: log-probs from rank 0 (every rank has them), train metrics
-from the last rank (the last pipeline stage).
+from the last rank (the last pipeline stage). The critic (PPO with GAE) and the reference policy
+(KL) are optional models in the same rank processes, sharing the policy's layout and groups.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 
 from megatron_rl.algorithms.config import AlgorithmConfig
 from megatron_rl.contracts import TrainingBatch
-from parallel.config import TrainerConfig
+from parallel.config import CriticConfig, TrainerConfig
 
 
 def _free_port() -> int:
@@ -29,22 +30,35 @@ def _free_port() -> int:
 
 
 class _PolicyRank:
-    """One rank: a MegatronPolicy plus a scratch dict that code run on the rank may keep state in."""
+    """One rank: a MegatronPolicy, the optional critic and reference beside it, and a scratch dict
+    that code run on the rank may keep state in."""
 
-    def __init__(self, hf_dir: str, cfg: TrainerConfig, algorithm: AlgorithmConfig, rank: int, world: int, init: str):
+    def __init__(self, hf_dir: str, cfg: TrainerConfig, algorithm: AlgorithmConfig, rank: int, world: int, init: str,
+                 critic: CriticConfig | None, reference: bool):
         from parallel.policy import MegatronPolicy
 
-        self.policy = MegatronPolicy(hf_dir, cfg, algorithm, rank, world, init)
+        self.models = {"policy": MegatronPolicy(hf_dir, cfg, algorithm, rank, world, init)}
+        policy = self.models["policy"]  # built first: it readies megatron-core for this process (CPU layer)
+        from parallel.critic import MegatronCritic
+        from parallel.reference import ReferencePolicy
+
+        if critic is not None:
+            self.models["critic"] = MegatronCritic(hf_dir, critic.trainer_config(cfg), critic, rank, world, init, policy.pgs)
+        if reference:
+            self.models["reference"] = ReferencePolicy(policy)
         self.scratch: dict = {}
 
     def ready(self) -> bool:
         return True
 
-    def call(self, method: str, *args, **kwargs):
-        return _plain_errors(getattr(self.policy, method), *args, **kwargs)
+    def call(self, method: str, *args, model: str = "policy", **kwargs):
+        return _plain_errors(getattr(self.models[model], method), *args, **kwargs)
+
+    def snapshot_reference(self) -> None:
+        return _plain_errors(self.models["reference"].snapshot, self.models["policy"])
 
     def run(self, fn: Callable, *args):
-        return _plain_errors(fn, self.policy, self.scratch, *args)
+        return _plain_errors(fn, self.models["policy"], self.scratch, *args)
 
 
 class RankError(RuntimeError):
@@ -83,17 +97,21 @@ def _plain_errors(fn: Callable, *args, **kwargs):
 
 
 class WorkerGroup:
-    """``world_size`` policy ranks laid out by ``cfg.parallel`` (data parallel takes the rest)."""
+    """``world_size`` policy ranks laid out by ``cfg.parallel`` (data parallel takes the rest), with a
+    critic when ``critic`` is given and a reference policy when ``reference`` is set."""
 
-    def __init__(self, hf_dir: str | Path, cfg: TrainerConfig, algorithm: AlgorithmConfig, world_size: int = 1):
+    def __init__(self, hf_dir: str | Path, cfg: TrainerConfig, algorithm: AlgorithmConfig, world_size: int = 1,
+                 critic: CriticConfig | None = None, reference: bool = False):
         cfg.parallel.check_world(world_size)
+        self.models = ["policy"] + (["critic"] if critic is not None else []) + (["reference"] if reference else [])
         if not ray.is_initialized():
             ray.init(include_dashboard=False, log_to_driver=True, configure_logging=False)
         gpus = 1 if torch.cuda.is_available() else 0
         actor = ray.remote(num_cpus=0, num_gpus=gpus)(_PolicyRank)
         init = f"tcp://127.0.0.1:{_free_port()}"
         self.world_size = world_size
-        self.ranks = [actor.remote(str(hf_dir), cfg, algorithm, r, world_size, init) for r in range(world_size)]
+        self.ranks = [actor.remote(str(hf_dir), cfg, algorithm, r, world_size, init, critic, reference)
+                      for r in range(world_size)]
         self._all("ready")  # every rank has built and loaded its model (errors surface here)
 
     def _all(self, verb: str, *args, **kwargs) -> list:
@@ -106,11 +124,37 @@ class WorkerGroup:
     def train_step(self, batch: TrainingBatch, algorithm: AlgorithmConfig | None = None) -> dict[str, float]:
         return self._all("call", "train_step", batch, algorithm)[-1]
 
+    def compute_values(self, batch: TrainingBatch) -> torch.Tensor:
+        """The critic's ``[B, T]`` values (position p: the state before token p)."""
+        return self._all("call", "compute_values", batch, model="critic")[0]
+
+    def critic_step(self, batch: TrainingBatch, returns: torch.Tensor, old_values: torch.Tensor) -> dict[str, float]:
+        """One critic update toward ``returns``, clipped around ``old_values`` (both ``[B, T]``)."""
+        return self._all("call", "train_step", batch, returns, old_values, model="critic")[-1]
+
+    def compute_ref_logprobs(self, batch: TrainingBatch) -> torch.Tensor:
+        """The reference policy's ``[B, T]`` log-probs of the batch's tokens."""
+        return self._all("call", "compute_logprobs", batch, model="reference")[0]
+
+    def snapshot_reference(self) -> None:
+        """Make the reference policy equal the policy's current weights (where RL starts)."""
+        self._all("snapshot_reference")
+
     def save(self, path: Path) -> None:
-        self._all("call", "save", str(path))
+        """Each model into its own folder under ``path`` (``policy``, and ``critic``/``reference`` when built)."""
+        for model in self.models:
+            self._all("call", "save", str(Path(path) / model), model=model)
 
     def load(self, path: Path) -> None:
-        self._all("call", "load", str(path))
+        """Restore what :meth:`save` wrote; a checkpoint without a model this group has is refused."""
+        missing = [m for m in self.models if not (Path(path) / m).is_dir()]
+        if missing:
+            raise ValueError(
+                f"checkpoint {path} has no {', '.join(missing)}: it was written by a run without them "
+                "(critic: algorithm.advantage_estimator=gae; reference: algorithm.kl); resume with the run's own settings"
+            )
+        for model in self.models:
+            self._all("call", "load", str(Path(path) / model), model=model)
 
     def memory(self) -> list[dict]:
         return self._all("call", "memory")

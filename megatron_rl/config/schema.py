@@ -9,7 +9,7 @@ from megatron_rl.data.config import DataConfig
 from megatron_rl.generator.config import GeneratorConfig
 from megatron_rl.inference.config import InferenceConfig
 from megatron_rl.schedules.config import ScheduleConfig, SFTConfig
-from parallel.config import TrainerConfig
+from parallel.config import CriticConfig, TrainerConfig
 from weight_transfer.config import WeightTransferConfig
 
 
@@ -25,6 +25,8 @@ class TrainConfig:
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """The value model; used when ``algorithm.advantage_estimator=gae``."""
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     weight_transfer: WeightTransferConfig = field(default_factory=WeightTransferConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)

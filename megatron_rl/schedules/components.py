@@ -17,13 +17,25 @@ from megatron_rl.tracking import Tracker
 
 
 class Policy(Protocol):
-    """The trainer (a Megatron worker group)."""
+    """The trainer (a Megatron worker group), with its optional reference policy and critic."""
 
     def compute_logprobs(self, batch: TrainingBatch) -> tuple[torch.Tensor, torch.Tensor, object]:
         """(log-probs, entropy, routed experts or None): ``[B, T]`` aligned with ``input_ids``."""
 
     def train_step(self, batch: TrainingBatch, algorithm=None) -> dict[str, float]:
         """One optimizer step over the batch (micro-batched inside); ``algorithm`` overrides the loss."""
+
+    def compute_ref_logprobs(self, batch: TrainingBatch) -> torch.Tensor:
+        """The reference policy's ``[B, T]`` log-probs (when the group has one)."""
+
+    def snapshot_reference(self) -> None:
+        """Reference := the policy's current weights."""
+
+    def compute_values(self, batch: TrainingBatch) -> torch.Tensor:
+        """The critic's ``[B, T]`` values (when the group has one)."""
+
+    def critic_step(self, batch: TrainingBatch, returns: torch.Tensor, old_values: torch.Tensor) -> dict[str, float]:
+        """One critic update."""
 
     def save(self, path: Path) -> None: ...
 

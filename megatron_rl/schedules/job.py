@@ -38,11 +38,12 @@ def _fleet_config(cfg: TrainConfig, model_path: str, root: Path):
     return dataclasses.replace(cfg.inference, server=server)
 
 
+def _uses_reference(cfg: TrainConfig) -> bool:
+    return cfg.algorithm.kl.use_kl_loss or cfg.algorithm.kl.use_kl_in_reward
+
+
 def _check(cfg: TrainConfig) -> None:
     """Problems a user can cause, reported before any process starts."""
-    if cfg.algorithm.kl.use_kl_loss or cfg.algorithm.kl.use_kl_in_reward:
-        raise ValueError("algorithm.kl: the sync schedule has no reference-policy pass yet; set use_kl_loss and "
-                         "use_kl_in_reward to false")
     from megatron_rl.envs import get_env_class
 
     for name, options in cfg.envs.items():
@@ -62,7 +63,10 @@ async def _train(cfg: TrainConfig, folder: RunFolder, tracker: Tracker) -> LoopS
     train, evals, data_metrics = data_setup.prompts(cfg, folder.root, tokenizer)
     sampler = PromptSampler(train, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
     world = cfg.trainer.num_ranks
-    policy = WorkerGroup(model_path, cfg.trainer, cfg.algorithm, world_size=world)
+    algo = cfg.algorithm
+    policy = WorkerGroup(model_path, cfg.trainer, algo, world_size=world,
+                         critic=cfg.critic if algo.advantage_estimator == "gae" else None,
+                         reference=_uses_reference(cfg))
     try:
         async with InferenceFleet(_fleet_config(cfg, model_path, folder.root)) as fleet:
             plan = build_plan(Path(model_path), hf_config, cfg.trainer, world, cfg.weight_transfer.bucket_bytes)
@@ -93,6 +97,8 @@ async def _start(c: Components, data_metrics: dict) -> LoopState:
     state = LoopState()
     if cfg.sft.steps:
         sft_metrics = run_sft(c, PromptSampler(c.train_data.items, seed=cfg.run.seed + 1))
+        if _uses_reference(cfg):
+            c.policy.snapshot_reference()  # KL anchors RL to the model it starts from
         state.version = 1
         sync = await c.weight_sync(state.version)
         c.tracker.log(0, {**data_metrics, **sft_metrics, **sync})

@@ -11,6 +11,7 @@ import time
 
 from correction.config import CorrectionConfig
 from correction.routing_replay import RoutingReplayConfig
+from megatron_rl.algorithms.config import KLConfig
 from megatron_rl.contracts import PromptItem, TrainingBatch, Trajectory, TrajectoryId
 from megatron_rl.data.sampler import PromptSampler
 from megatron_rl.envs.registry import get_env_class
@@ -36,9 +37,10 @@ def demonstration(c: Components, item: PromptItem, index: int) -> Trajectory:
 def run_sft(c: Components, sampler: PromptSampler) -> dict[str, float]:
     """``sft.steps`` cross-entropy steps; returns the last step's ``sft/*`` metrics."""
     cfg = c.config.sft
-    # Demonstrations have no sampler routing to replay: experts route freely during the warm start.
+    # Demonstrations have no sampler routing to replay (experts route freely) and no reference yet:
+    # the reference is the policy SFT ends with.
     loss = dataclasses.replace(c.config.algorithm, policy_loss_type="cross_entropy", correction=CorrectionConfig(),
-                               routing_replay=RoutingReplayConfig())
+                               routing_replay=RoutingReplayConfig(), kl=KLConfig())
     metrics: dict[str, float] = {}
     for step in range(cfg.steps):
         start = time.perf_counter()

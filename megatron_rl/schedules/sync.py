@@ -1,6 +1,7 @@
 """The synchronous schedule: sample with version k, wait for rewards, train, transfer k+1, verify, repeat.
 
-    generate → advantages → update → weight transfer (+ verify) → eval / checkpoint
+    generate → (reference / critic passes) → advantages → update (policy, critic) → weight transfer
+    (+ verify) → eval / checkpoint
 
 One optimizer step per batch, so the weights that define the clip ratio's "old" policy are the ones
 the update starts from: the step uses its own detached log-probs as old log-probs (exact, and one
@@ -56,11 +57,15 @@ async def _step(c: Components, state: LoopState, step: int) -> dict[str, float]:
         out = await c.generator.generate(gi)
     c.folder.log_trajectories(out.trajectories)
     metrics.update(out.metrics)
-    batch, adv_metrics = to_training_batch(out, cfg.algorithm, c.pad_token_id)
-    metrics.update(adv_metrics)
+    with _Timer(metrics, "score"):
+        prepared = to_training_batch(out, cfg.algorithm, c.pad_token_id, c.policy)
+    metrics.update(prepared.metrics)
+    batch = prepared.batch
     if batch is not None:
         with _Timer(metrics, "train"):
             metrics.update(c.policy.train_step(batch))
+            if prepared.returns is not None:
+                metrics.update(c.policy.critic_step(batch, prepared.returns, prepared.values))
         state.version += 1
         with _Timer(metrics, "weight_sync"):
             metrics.update(await c.weight_sync(state.version))

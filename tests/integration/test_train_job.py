@@ -64,24 +64,30 @@ def _wait_for_checkpoint(folder: Path, step: int, proc, timeout: float = 1200) -
         time.sleep(1)
 
 
-def test_a_killed_run_resumes_and_matches_an_uninterrupted_one(tmp_path):
+def test_a_killed_ppo_run_resumes_and_matches_an_uninterrupted_one(tmp_path):
+    """PPO with a critic and both KL forms, so the resume must restore policy, critic and reference."""
     # 60 SFT steps at a high LR make the unit model earn mixed rewards, so step 3 has a real gradient.
-    common = ["recipe=tiny_cpu", "model.tiny_size=unit", "sft.steps=60", "trainer.optimizer.lr=3e-3",
-              "trainer.optimizer.lr_decay_steps=63", "schedule.total_steps=3", "schedule.checkpoint_every=1",
-              "schedule.eval_every=0", "data.train_batch_size=4", "generator.n_samples_per_prompt=4"]
-    train(tmp_path / "a", "run.name=whole", *common) if (tmp_path / "a").mkdir() is None else None
+    common = ["recipe=tiny_ppo_cpu", "algorithm.kl.use_kl_loss=true", "model.tiny_size=unit", "sft.steps=60",
+              "trainer.optimizer.lr=3e-3", "trainer.optimizer.lr_decay_steps=63", "schedule.total_steps=3",
+              "schedule.checkpoint_every=1", "schedule.eval_every=0", "data.train_batch_size=4"]
+    (tmp_path / "a").mkdir()
+    train(tmp_path / "a", "run.name=whole", *common)
     (tmp_path / "b").mkdir()
     proc = train(tmp_path / "b", "run.name=cut", *common, wait=False)
     _wait_for_checkpoint(tmp_path / "b" / "cut", 2, proc)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     subprocess.run([str(Path(sys.executable).with_name("ray")), "stop", "--force"], capture_output=True)
+    saved = tmp_path / "b" / "cut" / "checkpoints" / "step_2" / "trainer"
+    assert sorted(p.name for p in saved.iterdir()) == ["critic", "policy", "reference"]
     train(tmp_path / "b", "run.name=cut", "run.resume=latest", *common)
     whole = {m["step"]: m for m in records(tmp_path / "a" / "whole", "metrics.jsonl") if "reward/mean" in m}
     cut = [m for m in records(tmp_path / "b" / "cut", "metrics.jsonl") if "reward/mean" in m]
     resumed = cut[-1]
     assert resumed["step"] == 3
     assert whole[3]["reward/mean"] > 0 and whole[3]["policy/grad_norm"] > 0, "step 3 must carry a gradient"
-    for key in ("reward/mean", "generate/response_length", "policy/loss", "policy/grad_norm"):
-        if key in whole[3]:
-            assert resumed[key] == pytest.approx(whole[3][key], rel=1e-4, abs=1e-5), key
+    assert whole[3]["critic/grad_norm"] > 0 and whole[3]["policy/kl"] > 0, "critic and reference must take part"
+    keys = ("reward/mean", "generate/response_length", "policy/loss", "policy/grad_norm", "policy/kl",
+            "reward/kl_penalty", "critic/value_mean", "critic/abs_error", "critic/grad_norm")
+    for key in keys:
+        assert resumed[key] == pytest.approx(whole[3][key], rel=1e-4, abs=1e-5), key

@@ -235,13 +235,16 @@ def recompute_rank(rank, world, init_method, hf_dir, cfgs, algorithm, batch):
     return out
 
 
-def config_error_rank(rank, world, init_method, hf_dir, cfg):
-    """The ValueError message building ``cfg``'s TransformerConfig raises ('' if none)."""
+def config_error_rank(rank, world, init_method, hf_dir, cfgs):
+    """For each config, the ValueError message building its TransformerConfig raises ('' if none)."""
     enable_cpu()
     from parallel.provider import load_hf_config, transformer_config
 
-    try:
-        transformer_config(load_hf_config(hf_dir), cfg, None)
-    except ValueError as err:
-        return str(err)
-    return ""
+    messages = []
+    for cfg in cfgs:
+        try:
+            transformer_config(load_hf_config(hf_dir), cfg, None)
+            messages.append("")
+        except ValueError as err:
+            messages.append(str(err))
+    return messages
