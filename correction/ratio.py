@@ -33,14 +33,18 @@ def compute_log_ratio(
     if not clamp > 0:
         raise ValueError(f"log-ratio clamp must be > 0, got {clamp}")
     diff = zero_dead(train_old_logprobs.detach() - rollout_logprobs.detach(), live)
-    if not bool(torch.isfinite(diff).all()):  # one check on the difference; name the culprit
+    gap = diff.abs()
+    gap_sum = gap.sum()
+    # A finite sum proves every entry finite (one reduction, not an isfinite pass over the batch);
+    # a non-finite one is checked entry by entry, then the culprit is named.
+    if not bool(torch.isfinite(gap_sum)) and not bool(torch.isfinite(diff).all()):
         check_like(live, **inputs)
         raise ValueError("train_old_logprobs - rollout_logprobs overflows at unmasked positions")
     log_ratio = diff.clamp(-clamp, clamp)
-    return log_ratio, _metrics(diff, log_ratio.exp(), live)
+    return log_ratio, _metrics(gap, gap_sum, log_ratio.exp(), live)
 
 
-def _metrics(diff: torch.Tensor, ratio: torch.Tensor, live: torch.Tensor) -> Metrics:
+def _metrics(gap: torch.Tensor, gap_sum: torch.Tensor, ratio: torch.Tensor, live: torch.Tensor) -> Metrics:
     """Live-token stats: masked positions hold diff 0 and ratio exactly 1, so the mean is corrected by
     the dead count and min/max need a masked pass only when 1 wins. The variance sums live deviations
     only: subtracting the dead tokens' share from a sum over all positions cancels catastrophically
@@ -53,7 +57,7 @@ def _metrics(diff: torch.Tensor, ratio: torch.Tensor, live: torch.Tensor) -> Met
         return {f"correction/{k}": zero for k in names + ("logprob_abs_diff_mean", "logprob_abs_diff_max")}
     dead, n = live.numel() - live_count, live_count
     mean = (ratio.sum() - dead) / n
-    centred = torch.where(live, ratio - mean, 0.0)
+    centred = (ratio - mean) * live  # ratio is finite everywhere, so the mask multiplies exactly
     var = (centred * centred).sum() / n
     low, high = torch.aminmax(ratio)
     if dead:
@@ -61,13 +65,12 @@ def _metrics(diff: torch.Tensor, ratio: torch.Tensor, live: torch.Tensor) -> Met
             low = torch.where(live, ratio, torch.inf).min()
         if not bool(high > 1):
             high = torch.where(live, ratio, -torch.inf).max()
-    gap = diff.abs()
     return {
         "correction/is_ratio_mean": mean,
         "correction/is_ratio_std": var.sqrt(),
         "correction/is_ratio_min": low,
         "correction/is_ratio_max": high,
-        "correction/logprob_abs_diff_mean": gap.sum() / n,
+        "correction/logprob_abs_diff_mean": gap_sum / n,
         "correction/logprob_abs_diff_max": gap.max(),
     }
 

@@ -49,8 +49,9 @@ def product_sequence_mask(
 
 
 def _live_sum(log_ratio: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
-    """Per-sequence sum of live log ratios (masked positions may be live-dropped, not only 0)."""
-    return torch.where(live, log_ratio, 0.0).sum(-1, keepdim=True)
+    """Per-sequence sum of live log ratios (masked positions may be live-dropped, not only 0). The
+    log ratio is finite everywhere (checked and clamped), so multiplying by the mask is exact."""
+    return (log_ratio * live).sum(-1, keepdim=True)
 
 
 def _bounded(
