@@ -248,3 +248,25 @@ def config_error_rank(rank, world, init_method, hf_dir, cfgs):
         except ValueError as err:
             messages.append(str(err))
     return messages
+
+
+def reference_rank(rank, world, init_method, hf_dir, cfg, batch, steps, save_to):
+    """Log-probs of the policy and its reference through snapshot, policy updates, save and load."""
+    enable_cpu()
+    from megatron_rl.algorithms.config import AlgorithmConfig
+    from parallel.policy import MegatronPolicy
+    from parallel.reference import ReferencePolicy
+
+    policy = MegatronPolicy(hf_dir, cfg, AlgorithmConfig(), rank, world, init_method)
+    reference = ReferencePolicy(policy)
+    out = {"policy_start": policy.compute_logprobs(batch)[0], "reference_start": reference.compute_logprobs(batch)}
+    for _ in range(steps):
+        policy.train_step(batch)
+    out["policy_trained"] = policy.compute_logprobs(batch)[0]
+    out["reference_after_training"] = reference.compute_logprobs(batch)
+    reference.save(save_to)
+    reference.snapshot(policy)
+    out["reference_snapshot"] = reference.compute_logprobs(batch)
+    reference.load(save_to)
+    out["reference_loaded"] = reference.compute_logprobs(batch)
+    return out
