@@ -93,6 +93,7 @@ def to_training_batch(
     rows = torch.nonzero(keep)[:, 0]
     kept = [trajectories[i] for i in rows.tolist()]
     rewards, mask, group_ids = rewards[rows], mask[rows], group_ids[rows]
+    width = rewards.shape[1]  # the longest response of the whole output, kept or not
     batch = TrainingBatch.from_trajectories(
         kept, [torch.zeros(len(t.response_ids)) for t in kept], group_ids.tolist(), pad_token_id
     )
@@ -100,15 +101,16 @@ def to_training_batch(
         batch.ref_logprobs = scorer.compute_ref_logprobs(batch).float()
         if config.kl.use_kl_in_reward:  # the sampler's log-probs stand for the policy's: same weights
             rewards, kl_metrics = kl_penalty_rewards(
-                rewards, _at_responses(batch.rollout_logprobs, batch, kept), _at_responses(batch.ref_logprobs, batch, kept),
-                mask, config.kl,
+                rewards, _at_responses(batch.rollout_logprobs, batch, kept, width),
+                _at_responses(batch.ref_logprobs, batch, kept, width), mask, config.kl,
             )
             metrics.update({k: float(v) for k, v in kl_metrics.items()})
     estimator = ADVANTAGE_ESTIMATORS.get(config.advantage_estimator)
     values = None
     if config.advantage_estimator == "gae":
         values = scorer.compute_values(batch).float()
-        advantages, adv_metrics = estimator(rewards, mask, group_ids, config, values=_at_responses(values, batch, kept))
+        at_responses = _at_responses(values, batch, kept, width)
+        advantages, adv_metrics = estimator(rewards, mask, group_ids, config, values=at_responses)
     else:
         advantages, adv_metrics = estimator(rewards, mask, group_ids, config)
     metrics.update({k: float(v) for k, v in adv_metrics.items()})
@@ -123,9 +125,9 @@ def to_training_batch(
     return PreparedBatch(batch, metrics, values, batch.advantages + values)
 
 
-def _at_responses(full: torch.Tensor, batch: TrainingBatch, kept: list[Trajectory]) -> torch.Tensor:
-    """``[B, T]`` batch positions -> ``[B, R]`` response rows."""
-    out = torch.zeros(len(kept), max(len(t.response_ids) for t in kept))
+def _at_responses(full: torch.Tensor, batch: TrainingBatch, kept: list[Trajectory], width: int) -> torch.Tensor:
+    """``[B, T]`` batch positions -> ``[B, width]`` response rows."""
+    out = torch.zeros(len(kept), width)
     for b, (p, t) in enumerate(zip(batch.prompt_lengths.tolist(), kept)):
         out[b, : len(t.response_ids)] = full[b, p : p + len(t.response_ids)]
     return out

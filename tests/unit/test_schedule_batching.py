@@ -8,11 +8,11 @@ import torch
 
 from megatron_rl.algorithms.advantages import gae, reinforce_pp
 from megatron_rl.algorithms.config import AlgorithmConfig, KLConfig
-from megatron_rl.contracts import GeneratorOutput, Trajectory, TrajectoryId
+from megatron_rl.contracts import FAILED, GeneratorOutput, Trajectory, TrajectoryId
 from megatron_rl.schedules.batching import to_training_batch
 
 
-def _trajectory(i: int, prompt: int, mask: list[int], reward: float) -> Trajectory:
+def _trajectory(i: int, prompt: int, mask: list[int], reward: float, stop_reason: str = "stop") -> Trajectory:
     n = len(mask)
     return Trajectory(
         trajectory_id=TrajectoryId(f"p{i}", 0),
@@ -22,6 +22,7 @@ def _trajectory(i: int, prompt: int, mask: list[int], reward: float) -> Trajecto
         rewards=reward,
         rollout_logprobs=[-0.1 * (k + 1) for k in range(n)],
         policy_versions=[0] * n,
+        stop_reason=stop_reason,
     )
 
 
@@ -84,3 +85,16 @@ def test_kl_in_reward_penalises_each_token_by_rollout_minus_reference():
         torch.tensor(t.loss_mask, dtype=torch.bool)] for t in OUTPUT.trajectories]
     assert abs(prepared.metrics["reward/kl_penalty"] - 0.5 * float(torch.cat(kl_live).mean())) < 1e-6
     assert prepared.returns is None and prepared.values is None
+
+
+def test_a_filtered_longest_trajectory_leaves_the_rest_aligned():
+    """The output's longest response failed (no live token, so it is dropped); the kept rows are
+    narrower than the reward rows and must still line up."""
+    failed = _trajectory(9, 2, [0] * 9, 0.0, stop_reason=FAILED)
+    output = GeneratorOutput(OUTPUT.trajectories + [failed])
+    kl = KLConfig(use_kl_in_reward=True, kl_reward_coef=0.5, kl_estimator_type="k1")
+    config = AlgorithmConfig(advantage_estimator="gae", gamma=0.9, lambd=0.8, kl=kl)
+    prepared = to_training_batch(output, config, pad_token_id=0, scorer=PositionScorer())
+    assert prepared.batch.num_rows == 3 and prepared.metrics["train/kept_trajectories"] == 3
+    unfiltered = to_training_batch(OUTPUT, config, pad_token_id=0, scorer=PositionScorer())
+    assert torch.allclose(prepared.batch.advantages, unfiltered.batch.advantages, atol=1e-6)
