@@ -116,17 +116,22 @@ def save_trainer(path: str | Path, model, optimizer, scheduler, pgs, extra: dict
     ``extra`` is plain data saved once (identical on every rank), returned by :func:`load_trainer`.
     Raises RuntimeError if ``path`` is not complete afterwards.
     """
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    dist.barrier()
     state = _sharded_state(model, optimizer, pgs, is_loading=False, with_rng=True)
     state["scheduler"] = scheduler.state_dict()
     state["layout"] = layout(pgs)
     state["extra"] = dict(extra or {})
+    _save(path, state, "trainer")
+
+
+def _save(path: str | Path, state: dict, kind: str) -> None:
+    """``dist_checkpointing.save`` between barriers; RuntimeError unless ``path`` is complete after."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
     dist_checkpointing.save(state, str(path))
     dist.barrier()
     if not (path / COMPLETE_MARKER).exists():
-        raise RuntimeError(f"trainer checkpoint {path}: save finished without {COMPLETE_MARKER}; it is incomplete")
+        raise RuntimeError(f"{kind} checkpoint {path}: save finished without {COMPLETE_MARKER}; it is incomplete")
 
 
 def check_complete(path: str | Path) -> None:
@@ -164,14 +169,7 @@ def load_trainer(path: str | Path, model, optimizer, scheduler, pgs) -> dict:
 
 def save_weights(path: str | Path, model, pgs) -> None:
     """Write only the model's weights into ``path`` (collective), loadable at another layout."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    dist.barrier()
-    state = {"model": unwrap(model).sharded_state_dict(), "layout": layout(pgs)}
-    dist_checkpointing.save(state, str(path))
-    dist.barrier()
-    if not (path / COMPLETE_MARKER).exists():
-        raise RuntimeError(f"weights checkpoint {path}: save finished without {COMPLETE_MARKER}; it is incomplete")
+    _save(path, {"model": unwrap(model).sharded_state_dict(), "layout": layout(pgs)}, "weights")
 
 
 def load_weights(path: str | Path, model) -> None:

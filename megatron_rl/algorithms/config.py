@@ -95,6 +95,11 @@ class KLConfig:
     kl_estimator_type: str = "k3"
     """k1, k2 or k3 (low variance)."""
 
+    @property
+    def needs_reference(self) -> bool:
+        """Whether a reference policy must run (KL as a loss term or as a reward penalty)."""
+        return self.use_kl_loss or self.use_kl_in_reward
+
     def __post_init__(self) -> None:
         key = f"{_KEY}.kl"
         _require_name(f"{key}.kl_estimator_type", self.kl_estimator_type, KL_ESTIMATORS)

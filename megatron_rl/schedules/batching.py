@@ -69,7 +69,7 @@ def to_training_batch(
 ) -> PreparedBatch:
     """Advantages by the configured estimator. ``scorer`` supplies reference log-probs (``algorithm.kl``)
     and critic values (``gae``); it may be None when neither is configured."""
-    needs_reference = config.kl.use_kl_loss or config.kl.use_kl_in_reward
+    needs_reference = config.kl.needs_reference
     if scorer is None and (needs_reference or config.advantage_estimator == "gae"):
         raise ValueError("algorithm.kl / advantage_estimator=gae need the worker group's reference or critic passes")
     trajectories = output.trajectories

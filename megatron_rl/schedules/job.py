@@ -38,10 +38,6 @@ def _fleet_config(cfg: TrainConfig, model_path: str, root: Path):
     return dataclasses.replace(cfg.inference, server=server)
 
 
-def _uses_reference(cfg: TrainConfig) -> bool:
-    return cfg.algorithm.kl.use_kl_loss or cfg.algorithm.kl.use_kl_in_reward
-
-
 def _check(cfg: TrainConfig) -> None:
     """Problems a user can cause, reported before any process starts."""
     from megatron_rl.envs import get_env_class
@@ -66,7 +62,7 @@ async def _train(cfg: TrainConfig, folder: RunFolder, tracker: Tracker) -> LoopS
     algo = cfg.algorithm
     policy = WorkerGroup(model_path, cfg.trainer, algo, world_size=world,
                          critic=cfg.critic if algo.advantage_estimator == "gae" else None,
-                         reference=_uses_reference(cfg))
+                         reference=algo.kl.needs_reference)
     try:
         async with InferenceFleet(_fleet_config(cfg, model_path, folder.root)) as fleet:
             plan = build_plan(Path(model_path), hf_config, cfg.trainer, world, cfg.weight_transfer.bucket_bytes)
@@ -97,7 +93,7 @@ async def _start(c: Components, data_metrics: dict) -> LoopState:
     state = LoopState()
     if cfg.sft.steps:
         sft_metrics = run_sft(c, PromptSampler(c.train_data.items, seed=cfg.run.seed + 1))
-        if _uses_reference(cfg):
+        if cfg.algorithm.kl.needs_reference:
             c.policy.snapshot_reference()  # KL anchors RL to the model it starts from
         state.version = 1
         sync = await c.weight_sync(state.version)
