@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from correction.config import CorrectionConfig
-from correction.masked import count, live_mask
+from correction.flags import count, narrow
+from correction.masked import live_mask
 from correction.ratio import compute_log_ratio, share
 from correction.sequence_masks import SEQUENCE_MASK_METRICS
 from correction.tis import TIS_RATIO_TYPES
@@ -78,4 +79,4 @@ def _narrow(
 ) -> torch.Tensor:
     keep, step_metrics = step
     metrics.update(step_metrics)
-    return live & keep
+    return narrow(live, keep)

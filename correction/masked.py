@@ -50,16 +50,6 @@ def check_per_sequence(batch: int, **tensors: torch.Tensor) -> None:
             raise ValueError(f"{name}: non-finite values")
 
 
-def rows_any(flags: torch.Tensor) -> torch.Tensor:
-    """``flags.any(-1, keepdim=True)`` for a bool ``[B, T]``; amax is several times faster on CPU."""
-    return flags.amax(-1, keepdim=True)
-
-
-def count(flags: torch.Tensor) -> torch.Tensor:
-    """Number of True entries (no int64 copy of the whole tensor, unlike ``sum``)."""
-    return flags.count_nonzero()
-
-
 def zero_dead(values: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
     """``values`` where live, exactly 0 elsewhere (whatever garbage was there)."""
     return torch.where(live, values, torch.zeros((), dtype=values.dtype, device=values.device))

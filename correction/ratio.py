@@ -11,9 +11,19 @@ from collections.abc import Callable
 
 import torch
 
-from correction.masked import check_like, check_shape, count, live_mask, zero_dead
+from correction.flags import as_float, count
+from correction.masked import check_like, check_shape, live_mask, zero_dead
 
 Metrics = dict[str, torch.Tensor]
+
+_METRIC_NAMES = (
+    "correction/is_ratio_mean",
+    "correction/is_ratio_std",
+    "correction/is_ratio_min",
+    "correction/is_ratio_max",
+    "correction/logprob_abs_diff_mean",
+    "correction/logprob_abs_diff_max",
+)
 
 
 def compute_log_ratio(
@@ -32,46 +42,71 @@ def compute_log_ratio(
     check_shape(live, **inputs)
     if not clamp > 0:
         raise ValueError(f"log-ratio clamp must be > 0, got {clamp}")
-    diff = zero_dead(train_old_logprobs.detach() - rollout_logprobs.detach(), live)
-    gap = diff.abs()
-    gap_sum = gap.sum()
-    # A finite sum proves every entry finite (one reduction, not an isfinite pass over the batch);
-    # a non-finite one is checked entry by entry, then the culprit is named.
-    if not bool(torch.isfinite(gap_sum)) and not bool(torch.isfinite(diff).all()):
-        check_like(live, **inputs)
+    live_float = as_float(live, torch.result_type(train_old_logprobs, rollout_logprobs))
+    diff = _live_diff(inputs, live, live_float)
+    live_count = int(count(live))
+    if live_count == 0:
+        return diff.clamp_(-clamp, clamp), dict.fromkeys(_METRIC_NAMES, diff.new_zeros(()))
+    gap_metrics = _gap_metrics(diff, live_count)
+    log_ratio = diff.clamp_(-clamp, clamp)
+    return log_ratio, {**_ratio_metrics(log_ratio, live, live_float, live_count), **gap_metrics}
+
+
+def _live_diff(
+    inputs: dict[str, torch.Tensor], live: torch.Tensor, live_float: torch.Tensor
+) -> torch.Tensor:
+    """``train_old - rollout``, exactly 0 where masked; ``ValueError`` unless finite where live.
+
+    Multiplying by the 0/1 mask is exact for finite entries and >10x cheaper than ``torch.where`` on
+    CPU, and a finite sum proves every entry finite (one reduction, not an isfinite pass over the
+    batch). Garbage at masked positions (nan, inf) turns the product into nan: only then are the
+    inputs checked entry by entry (naming the culprit) and the masked positions selected exactly.
+    """
+    old, rollout = (value.detach() for value in inputs.values())
+    diff = (old - rollout).mul_(live_float)
+    if bool(torch.isfinite(diff.sum())):
+        return diff
+    check_like(live, **inputs)
+    diff = zero_dead(old - rollout, live)
+    if not bool(torch.isfinite(diff).all()):
         raise ValueError("train_old_logprobs - rollout_logprobs overflows at unmasked positions")
-    log_ratio = diff.clamp(-clamp, clamp)
-    return log_ratio, _metrics(gap, gap_sum, log_ratio.exp(), live)
+    return diff
 
 
-def _metrics(gap: torch.Tensor, gap_sum: torch.Tensor, ratio: torch.Tensor, live: torch.Tensor) -> Metrics:
-    """Live-token stats: masked positions hold diff 0 and ratio exactly 1, so the mean is corrected by
-    the dead count and min/max need a masked pass only when 1 wins. The variance sums live deviations
+def _gap_metrics(diff: torch.Tensor, live_count: int) -> Metrics:
+    """Mean and max of the live ``|train_old - rollout|`` (masked positions hold 0)."""
+    gap = diff.abs()
+    return {
+        "correction/logprob_abs_diff_mean": gap.sum() / live_count,
+        "correction/logprob_abs_diff_max": gap.max(),
+    }
+
+
+def _ratio_metrics(
+    log_ratio: torch.Tensor, live: torch.Tensor, live_float: torch.Tensor, live_count: int
+) -> Metrics:
+    """Live-token stats of r: masked positions hold r exactly 1, so the mean is corrected by the
+    dead count and min/max need a masked pass only when 1 wins. The variance sums live deviations
     only: subtracting the dead tokens' share from a sum over all positions cancels catastrophically
     when they dominate (one live token among six gave std 7e-4 instead of 0).
     """
-    live_count = int(count(live))
-    if live_count == 0:
-        zero = ratio.new_zeros(())
-        names = ("is_ratio_mean", "is_ratio_std", "is_ratio_min", "is_ratio_max")
-        return {f"correction/{k}": zero for k in names + ("logprob_abs_diff_mean", "logprob_abs_diff_max")}
-    dead, n = live.numel() - live_count, live_count
-    mean = (ratio.sum() - dead) / n
-    centred = (ratio - mean) * live  # ratio is finite everywhere, so the mask multiplies exactly
-    var = (centred * centred).sum() / n
+    ratio = log_ratio.exp()
+    dead = live.numel() - live_count
     low, high = torch.aminmax(ratio)
     if dead:
         if not bool(low < 1):
             low = torch.where(live, ratio, torch.inf).min()
         if not bool(high > 1):
             high = torch.where(live, ratio, -torch.inf).max()
+    mean = (ratio.sum() - dead) / live_count
+    # In place on our own exp: each fresh batch-sized buffer costs page faults on CPU. The ratio is
+    # finite everywhere, so the mask multiplies exactly.
+    var = ratio.sub_(mean).mul_(live_float).square_().sum() / live_count
     return {
         "correction/is_ratio_mean": mean,
         "correction/is_ratio_std": var.sqrt(),
         "correction/is_ratio_min": low,
         "correction/is_ratio_max": high,
-        "correction/logprob_abs_diff_mean": gap_sum / n,
-        "correction/logprob_abs_diff_max": gap.max(),
     }
 
 

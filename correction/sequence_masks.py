@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from correction.masked import count, masked_stats, rows_any
+from correction.flags import as_float, count, rows_any
+from correction.masked import masked_stats
 from correction.ratio import Metrics, checked, share
 from correction.registry import Registry
 
@@ -28,7 +29,7 @@ def geometric_sequence_mask(
     log_ratio: torch.Tensor, live: torch.Tensor, config: CorrectionConfig
 ) -> tuple[torch.Tensor, Metrics]:
     """Keep a sequence iff ``geo_mask_low <= exp(mean log r) <= geo_mask_high``."""
-    mean_log = _live_sum(log_ratio, live) / live.sum(-1, keepdim=True).clamp(min=1)
+    mean_log = _live_sum(log_ratio, live) / count(live, dim=-1).clamp(min=1)
     return _bounded("geo_sequence_mask", mean_log, live, config.geo_mask_low, config.geo_mask_high, config)
 
 
@@ -51,7 +52,7 @@ def product_sequence_mask(
 def _live_sum(log_ratio: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
     """Per-sequence sum of live log ratios (masked positions may be live-dropped, not only 0). The
     log ratio is finite everywhere (checked and clamped), so multiplying by the mask is exact."""
-    return (log_ratio * live).sum(-1, keepdim=True)
+    return as_float(live, log_ratio.dtype).mul_(log_ratio).sum(-1, keepdim=True)
 
 
 def _bounded(

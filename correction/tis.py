@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from correction.masked import count, masked_stats, rows_any
+from correction.flags import above, count, rows_any
+from correction.masked import masked_stats
 from correction.ratio import Metrics, checked, share
 from correction.registry import Registry
 
@@ -29,7 +30,7 @@ def token_tis(
     """Per-token weight min(r, C); ``[batch, response_len]``."""
     cap = config.token_tis_ratio_clip_high
     ratio = log_ratio.exp()
-    over = (ratio > cap) & live
+    over = above(ratio, cap) & live
     metrics = {"correction/tis_token_clip_high_ratio": share(over, count(live))}
     return ratio.clamp_(max=cap), metrics
 

@@ -113,6 +113,24 @@ def test_outlier_mask_drops_whole_sequences():
     assert m["correction/outlier_seq_under_low_ratio"].item() == pytest.approx(1 / 3)
 
 
+def test_outlier_bounds_excluding_one_ignore_masked_positions():
+    # Masked positions reach the mask as r = 1, which both pairs of bounds reject; the last row has
+    # no live token at all (kept, and not counted).
+    r = torch.tensor([[1.2, 1.5, 9.0], [0.6, 0.9, 9.0], [1.1, 0.97, 9.0], [9.0, 9.0, 9.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0], [1, 1, 0], [0, 0, 0]])
+    keep, m = outlier_mask(
+        r.log(), mask, _cfg(outlier_token_is_threshold_low=1.05, outlier_token_is_threshold_high=2.0)
+    )
+    assert keep.tolist() == [[True], [False], [False], [True]]
+    assert m["correction/outlier_seq_under_low_ratio"].item() == pytest.approx(2 / 3)
+    assert m["correction/outlier_seq_over_high_ratio"].item() == 0.0
+    keep, m = outlier_mask(
+        r.log(), mask, _cfg(outlier_token_is_threshold_low=0.5, outlier_token_is_threshold_high=0.95)
+    )
+    assert keep.tolist() == [[False], [True], [False], [True]]
+    assert m["correction/outlier_seq_over_high_ratio"].item() == pytest.approx(2 / 3)
+
+
 def _logprobs(log_r):
     """Rollout and train-old log-probs whose difference is ``log_r`` (garbage where masked)."""
     rollout = torch.full_like(log_r, -1.5)
