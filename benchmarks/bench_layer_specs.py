@@ -7,9 +7,10 @@ sequence 4096, batch 2, bf16, the issue's table) it builds each spec in turn and
 printing tokens/s, MFU (model FLOPs per token 6*N_active + 6*L*s*h for the train step, 8*N + 8*L*s*h
 for the RL step, of --peak-tflops), peak memory and fast/local ratios. ``--recompute`` adds a row of
 the fast spec with activation recompute (MFU still counts model FLOPs, not the recomputed ones).
-``--profile`` adds a torch profiler summary of the fast MoE train step. Peak memory is the CUDA
-allocator's peak on GPU; CPU runs print instead the bytes one forward keeps for backward
-(activations, not weights or optimizer state), which is what recompute changes.
+``--profile`` adds a torch profiler summary of the fast MoE train step (time and memory by op). Memory, GPU only: the CUDA
+allocator's peak over the train steps and the static memory between steps (weights, gradient buffers,
+optimizer state); both devices: the bytes one forward keeps for backward (distinct non-parameter
+storages), the activation memory that recompute trades away.
 
     python benchmarks/bench_layer_specs.py                           # H200 (one GPU)
     python benchmarks/bench_layer_specs.py --recompute full          # ... and the fast spec with recompute
@@ -20,8 +21,9 @@ allocator's peak on GPU; CPU runs print instead the bytes one forward keeps for 
 from __future__ import annotations
 
 import argparse
-import gc
+import multiprocessing
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -52,23 +54,36 @@ RECOMPUTE = {
 
 def main() -> None:
     args = _parse()
-    from parallel.config import ParallelConfig
-    from parallel.groups import destroy_distributed, init_distributed
-
-    init_distributed(ParallelConfig(), 0, 1, f"tcp://127.0.0.1:{args.port}")
     shape = TINY if args.tiny else SMALL if args.small else Shape(seq=args.seq, batch=args.batch)
     variants = [("local", None), ("fast", None)] + ([("fast", args.recompute)] if args.recompute else [])
     rows = []
+    for moe in (False, True):
+        for spec, recompute in variants:
+            rows.append(_isolated(args.port + len(rows), _measure, shape, moe, spec, args, recompute))
+            print(_row(rows[-1]), flush=True)
+    if args.profile:
+        _isolated(args.port + len(rows), _profile, shape, args)
+    _print_table(rows, args.peak_tflops)
+
+
+def _isolated(port: int, fn, *fn_args):
+    """``fn(*fn_args)`` in a fresh process with its own process groups. Every row gets a clean allocator:
+    a deleted megatron MoE model is not freed in its process (its DDP stays reachable through hook
+    closures), so building the variants one after another in one process inflated later rows' memory
+    by the earlier models' buffers (H200: +17 GB on the fast MoE row)."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_in_process_group, port, fn, fn_args).result()
+
+
+def _in_process_group(port: int, fn, fn_args):
+    from parallel.config import ParallelConfig
+    from parallel.groups import destroy_distributed, init_distributed
+
+    init_distributed(ParallelConfig(), 0, 1, f"tcp://127.0.0.1:{port}")
     try:
-        for moe in (False, True):
-            for spec, recompute in variants:
-                rows.append(_measure(shape, moe, spec, args, recompute))
-                print(_row(rows[-1]), flush=True)
-        if args.profile:
-            _profile(shape, args)
+        return fn(*fn_args)
     finally:
         destroy_distributed()
-    _print_table(rows, args.peak_tflops)
 
 
 def _parse():
@@ -201,10 +216,11 @@ def _measure(shape: Shape, moe: bool, spec: str, args, recompute: str | None = N
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     train = _timed(lambda: _train_step(model, optimizer, tokens), args.warmup, args.iters)
-    if device == "cuda":
-        peak = torch.cuda.max_memory_allocated() / 1e9
-    else:
-        peak = _saved_activation_bytes(model, tokens) / 1e9
+    # On GPU: the allocator's peak, and what stays allocated between steps (weights, gradient buffers,
+    # optimizer state), so that peak - static is what the step itself adds (activations, transients).
+    peak = torch.cuda.max_memory_allocated() / 1e9 if device == "cuda" else None
+    static = torch.cuda.memory_allocated() / 1e9 if device == "cuda" else None
+    saved = _saved_activation_bytes(model, tokens) / 1e9
     rl = _timed(lambda: _rl_step(model, optimizer, tokens, advantages), args.warmup, args.iters)
     row = dict(
         model="MoE" if moe else "dense",
@@ -214,13 +230,11 @@ def _measure(shape: Shape, moe: bool, spec: str, args, recompute: str | None = N
         train_s=train,
         rl_s=rl,
         peak_gb=peak,
+        static_gb=static,
+        saved_gb=saved,
         tokens=shape.batch * shape.seq,
         attn_flops=6 * shape.layers * shape.seq * shape.hidden,
     )
-    del model, optimizer
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
     return row
 
 
@@ -262,23 +276,27 @@ def _mfu(row: dict, seconds: float, per_param: int, peak_tflops: float) -> tuple
 def _row(row: dict, peak_tflops: float = 989.0) -> str:
     tps, mfu = _mfu(row, row["train_s"], 6, peak_tflops)
     rl_tps, rl_mfu = _mfu(row, row["rl_s"], 8, peak_tflops)
+    memory = f"{row['peak_gb']:.2f} GB | {row['static_gb']:.2f} GB | " if row["peak_gb"] is not None else ""
     return (
         f"| {row['model']} {row['total'] / 1e6:.0f}M ({row['active'] / 1e6:.0f}M active) | {row['spec']} "
-        f"| {tps / 1e3:.1f}k | {100 * mfu:.1f}% | {row['peak_gb']:.2f} GB | {rl_tps / 1e3:.1f}k | {100 * rl_mfu:.1f}% |"
+        f"| {tps / 1e3:.1f}k | {100 * mfu:.1f}% | {memory}{row['saved_gb']:.2f} GB "
+        f"| {rl_tps / 1e3:.1f}k | {100 * rl_mfu:.1f}% |"
     )
 
 
 def _print_table(rows: list[dict], peak_tflops: float) -> None:
-    memory = "peak memory" if torch.cuda.is_available() else "saved activations (CPU)"
-    print(f"\n| model | spec | train tokens/s | train MFU (of {peak_tflops:.0f}) | {memory} | RL step tokens/s | RL MFU |")
-    print("|---|---|---|---|---|---|---|")
+    memory = "peak memory | static memory | " if torch.cuda.is_available() else ""
+    print(f"\n| model | spec | train tokens/s | train MFU (of {peak_tflops:.0f}) | {memory}saved activations "
+          "| RL step tokens/s | RL MFU |")
+    print("|---|---|---|---|---|---|---|" + ("---|---|" if memory else ""))
     for row in rows:
         print(_row(row, peak_tflops))
     for local in (r for r in rows if r["spec"] == "local"):
         for other in (r for r in rows if r["model"] == local["model"] and r is not local):
+            key = "peak_gb" if local["peak_gb"] is not None else "saved_gb"
             print(
                 f"{other['model']}: {other['spec']}/local train x{local['train_s'] / other['train_s']:.2f}, "
-                f"RL step x{local['rl_s'] / other['rl_s']:.2f}, {memory} x{other['peak_gb'] / local['peak_gb']:.2f}"
+                f"RL step x{local['rl_s'] / other['rl_s']:.2f}, {key[:-3]} memory x{other[key] / local[key]:.2f}"
             )
 
 
@@ -291,12 +309,15 @@ def _profile(shape: Shape, args) -> None:
     for _ in range(args.warmup):
         _train_step(model, optimizer, tokens)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, profile_memory=True) as prof:
         _train_step(model, optimizer, tokens)
         _sync()
     sort = "cuda_time_total" if device == "cuda" else "cpu_time_total"
     print("\nfast MoE train step, torch profiler, top kernels/ops:")
     print(prof.key_averages().table(sort_by=sort, row_limit=30, max_name_column_width=60))
+    memory = "self_cuda_memory_usage" if device == "cuda" else "self_cpu_memory_usage"
+    print("\nsame step, ops by the memory they allocate and keep (activations kept for backward show here):")
+    print(prof.key_averages().table(sort_by=memory, row_limit=20, max_name_column_width=60))
 
 
 def _sync() -> None:
