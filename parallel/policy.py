@@ -34,6 +34,7 @@ class MegatronPolicy:
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg, self.pgs)
         self.routing = RoutingReplay(self.model) if model.config.num_moe_experts else None
         self.steps = 0
+        self._export = None  # planned at the first export_weights
 
     def _replaying(self, batch: TrainingBatch, algorithm: AlgorithmConfig | None = None) -> bool:
         mode = (algorithm or self.algorithm).routing_replay.mode
@@ -105,6 +106,8 @@ class MegatronPolicy:
 
     def export_weights(self):
         """(HF name, tensor) pairs this rank owns; every rank must consume its iterator."""
-        from parallel.weights.hf_export import iter_hf_weights
+        from parallel.weights.hf_export import HFExport
 
-        return iter_hf_weights(self.model, self.pgs)
+        if self._export is None:
+            self._export = HFExport(self.model, self.pgs)
+        return iter(self._export)

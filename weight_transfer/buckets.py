@@ -70,16 +70,17 @@ def pack(bucket: Bucket, tensors: Mapping[str, torch.Tensor], out: torch.Tensor)
         raise ValueError(f"bucket {bucket.index}: buffer must be uint8 of {bucket.nbytes} bytes")
     zero_padding(bucket, out)
     for slot, view in zip(bucket.slots, unpack_views(bucket, out)):
-        copy_into(slot, view, tensors[slot.name])
+        check_slot(slot, tensors[slot.name])
+        view.copy_(tensors[slot.name])
     return out
 
 
-def copy_into(slot: Slot, view: torch.Tensor, tensor: torch.Tensor) -> None:
-    """Copy one trainer tensor into its slot, refusing a shape or dtype the plan did not expect."""
+def check_slot(slot: Slot, tensor: torch.Tensor) -> None:
+    """Refuse a trainer tensor whose shape or dtype the plan did not expect."""
     if tuple(tensor.shape) != slot.shape or str(tensor.dtype).removeprefix("torch.") != slot.dtype:
         raise ValueError(f"{slot.name}: trainer gives {tuple(tensor.shape)} {tensor.dtype}, the plan says "
                          f"{slot.shape} {slot.dtype}; rebuild the plan for the current layout")
-    view.copy_(tensor)
+
 
 
 def zero_padding(bucket: Bucket, flat: torch.Tensor) -> None:

@@ -17,6 +17,12 @@ def bucket_checksum(flat: torch.Tensor) -> str:
     a fifth of it on the H200), and wrapping addition gives the same value in any order, on any device.
     ``flat`` is uint8 with a length that is a multiple of 8 (bucket sizes are 64-byte aligned).
     """
+    return checksum_text(flat.numel(), checksum_words(flat))
+
+
+def checksum_words(flat: torch.Tensor) -> torch.Tensor:
+    """The two sums of :func:`bucket_checksum` as an int64 tensor on ``flat``'s device, without waiting
+    for the device: a sender checksums each bucket as it is packed and reads them all once at the end."""
     words = flat.view(torch.int64)
     full = words.numel() // _CHUNK_WORDS * _CHUNK_WORDS
     chunk_sums = words[:full].view(-1, _CHUNK_WORDS).sum(1)
@@ -24,8 +30,12 @@ def bucket_checksum(flat: torch.Tensor) -> str:
     weights = torch.arange(1, chunk_sums.numel() + 1, device=flat.device, dtype=torch.int64)
     plain = chunk_sums.sum() + tail
     weighted = (chunk_sums * weights).sum() + tail * (chunk_sums.numel() + 1)
-    plain, weighted = torch.stack([plain, weighted]).tolist()  # one device sync
-    return f"{flat.numel():x}-{plain & (2**64 - 1):016x}-{weighted & (2**64 - 1):016x}"
+    return torch.stack([plain, weighted])
+
+
+def checksum_text(nbytes: int, words: torch.Tensor) -> str:
+    plain, weighted = words.tolist()  # a device sync
+    return f"{nbytes:x}-{plain & (2**64 - 1):016x}-{weighted & (2**64 - 1):016x}"
 
 
 def tensor_digest(tensor: torch.Tensor) -> str:

@@ -140,6 +140,11 @@ class TransferPlan:
     def buckets_of(self, rank: int) -> list[Bucket]:
         return [b for b in self.buckets if b.sender == rank]
 
+    @cached_property
+    def bucket_of_tensor(self) -> dict[str, Bucket]:
+        """HF tensor name -> the bucket that carries it (built once per plan, used every update)."""
+        return {s.name: b for b in self.buckets for s in b.slots}
+
     def to_json(self) -> str:
         """Compact JSON: entries as ``[name, shape, dtype, sender, shards]``, bucket slots as ``[name, offset]``
         (shape and dtype come from the entry). Linear in the tensor count; ~45k tensors take well under 1 s."""

@@ -33,4 +33,6 @@ def fuse_gate_up(gate: torch.Tensor, up: torch.Tensor, rank: int, size: int) -> 
 def split_gate_up(shards: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """Inverse of :func:`fuse_gate_up` over all ranks' shards -> full (gate, up)."""
     halves = [s.chunk(2, dim=0) for s in shards]
+    if len(halves) == 1:  # views, not copies: the consumer (a bucket pack, a save) copies anyway
+        return halves[0]
     return torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])

@@ -68,6 +68,10 @@ def test_sender_refuses_unknown_and_missing_tensors(tmp_path):
     partial = list(tensors.items())[:-1]
     with pytest.raises(ValueError, match="never gave.*layers.5"):
         send_weights(plan, 0, partial, transport, 1, torch.device("cpu"))
+    first = next(iter(tensors.items()))
+    for twice in ([first, *tensors.items()], [*tensors.items(), first]):  # in an open bucket, in a sent one
+        with pytest.raises(ValueError, match="gave it twice"):
+            send_weights(plan, 0, twice, transport, 1, torch.device("cpu"))
 
 
 def test_rank_without_buckets_drains_its_iterator_without_a_transport():
