@@ -61,6 +61,9 @@ TOKENS = [[5, 17, 300, 42, 7, 999, 1234, 64, 88, 2000, 3, 11, 512, 77, 1500, 9],
           [101, 202, 303, 404, 505, 606, 707, 808, 909, 1010, 1111, 1212]]
 # vLLM (bf16, its kernels) vs megatron (bf16, local spec + SDPA) on the same weights, per prompt token, nats.
 LOGPROB_TOL_MAX, LOGPROB_TOL_MEAN = 0.3, 0.05
+# ... or, where larger, this multiple of the two engines' difference on the checkpoint both loaded from disk
+# (no transfer involved): deeper random models drift further in bf16 (7B: mean 0.055 after the update).
+FLOOR_FACTOR = 1.5
 RECEIVER = "weight_transfer.vllm_receiver.WeightReceiver"
 INIT_STD, UPDATE_STD = 0.02, 0.01
 
@@ -309,17 +312,19 @@ def _build_policy(state: dict, hf_dir: Path, cuda: bool, device) -> dict:
     start = time.perf_counter()
     cfg = TrainerConfig(dtype="bfloat16" if cuda else "float32", max_tokens_per_micro_batch=4096)
     policy = MegatronPolicy(hf_dir, cfg, AlgorithmConfig(), 0, 1, f"tcp://127.0.0.1:{free_port()}")
+    batch = batch_of(TOKENS, prompt_len=1)
+    loaded = policy.compute_logprobs(batch)[0]  # the checkpoint's weights, as vLLM loads them from disk
     gen = torch.Generator(device=device).manual_seed(1)
     with torch.no_grad():
         for p in policy.model.parameters():
             if p.dim() >= 2:
                 p.add_(torch.randn(p.shape, generator=gen, device=device, dtype=torch.float32).mul_(UPDATE_STD).to(p.dtype))
-    batch = batch_of(TOKENS, prompt_len=1)
     logp = policy.compute_logprobs(batch)[0]
     state["policy"] = policy
     rows = [logp[b, 1:len(t)].float().tolist() for b, t in enumerate(TOKENS)]
+    loaded_rows = [loaded[b, 1:len(t)].float().tolist() for b, t in enumerate(TOKENS)]
     memory = policy.memory()
-    return {"logprobs": rows, "seconds": time.perf_counter() - start,
+    return {"logprobs": rows, "loaded_logprobs": loaded_rows, "seconds": time.perf_counter() - start,
             "params": sum(p.numel() for p in policy.model.parameters()), "memory": memory}
 
 
@@ -457,12 +462,16 @@ def run_size(size: str, args, cuda: bool, work: Path) -> dict:
         assert replica.serving
         after = vllm_logprobs(llm)
         moved = logprob_diff(before, built["logprobs"])
+        floor = logprob_diff(before, built["loaded_logprobs"])  # the two engines on the same weights from disk
         diff = logprob_diff(after, built["logprobs"])
-        logprobs = dict(max=diff[0], mean=diff[1], before_max=moved[0], before_mean=moved[1],
-                        ok=diff[0] <= LOGPROB_TOL_MAX and diff[1] <= LOGPROB_TOL_MEAN and moved[0] > 2 * diff[0])
-        print(f"[{size}] vLLM vs megatron log-probs after the update: max {diff[0]:.4f} mean {diff[1]:.4f} nats "
-              f"(tolerance max {LOGPROB_TOL_MAX}, mean {LOGPROB_TOL_MEAN}); before it: max {moved[0]:.4f} "
-              f"mean {moved[1]:.4f} -> {'OK' if logprobs['ok'] else 'FAIL'}", flush=True)
+        tol_max, tol_mean = max(LOGPROB_TOL_MAX, FLOOR_FACTOR * floor[0]), max(LOGPROB_TOL_MEAN, FLOOR_FACTOR * floor[1])
+        logprobs = dict(max=diff[0], mean=diff[1], before_max=moved[0], before_mean=moved[1], floor_max=floor[0],
+                        floor_mean=floor[1], tol_max=tol_max, tol_mean=tol_mean,
+                        ok=diff[0] <= tol_max and diff[1] <= tol_mean and moved[0] > 2 * diff[0])
+        print(f"[{size}] vLLM vs megatron log-probs after the update: max {diff[0]:.4f} mean {diff[1]:.4f} nats; "
+              f"on the checkpoint both loaded from disk: max {floor[0]:.4f} mean {floor[1]:.4f} (tolerance max "
+              f"{tol_max:.3f}, mean {tol_mean:.3f}); before the update: max {moved[0]:.4f} mean {moved[1]:.4f} "
+              f"-> {'OK' if logprobs['ok'] else 'FAIL'}", flush=True)
         return dict(rows=rows, logprobs=logprobs, seconds=time.perf_counter() - t_size)
     finally:
         if llm is not None:
@@ -490,7 +499,8 @@ def print_table(results: dict, target: float, transport: str) -> bool:
         for r in res["rows"]:
             print(format_row(r))
     print(f"\ntarget: >= {target:.0%} of the baseline at >= 1 GiB buckets; vLLM log-probs within "
-          f"max {LOGPROB_TOL_MAX} / mean {LOGPROB_TOL_MEAN} nats of megatron's (bf16 both sides)")
+          f"max {LOGPROB_TOL_MAX} / mean {LOGPROB_TOL_MEAN} nats of megatron's (bf16 both sides), or {FLOOR_FACTOR}x "
+          "their difference on the checkpoint both loaded from disk where that is larger")
     for size, res in results.items():
         big = [r for r in res["rows"] if r["bucket_mb"] >= 1024]
         hit = all(r["ratio"] >= target for r in big)
@@ -559,7 +569,7 @@ def main(argv=None) -> int:
     print(f"total {time.perf_counter() - t0:.0f} s")
     if args.json:
         Path(args.json).write_text(json.dumps({"results": results, "transport": args.transport, "tolerance": {
-            "max": LOGPROB_TOL_MAX, "mean": LOGPROB_TOL_MEAN}, "target": args.target}, indent=1))
+            "max": LOGPROB_TOL_MAX, "mean": LOGPROB_TOL_MEAN, "floor_factor": FLOOR_FACTOR}, "target": args.target}, indent=1))
     return 0 if ok else 1
 
 
