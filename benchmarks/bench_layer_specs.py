@@ -57,7 +57,7 @@ def main() -> None:
     shape = TINY if args.tiny else SMALL if args.small else Shape(seq=args.seq, batch=args.batch)
     variants = [("local", None), ("fast", None)] + ([("fast", args.recompute)] if args.recompute else [])
     rows = []
-    for moe in (False, True):
+    for moe in [model == "moe" for model in args.models.split(",")]:
         for spec, recompute in variants:
             rows.append(_isolated(args.port + len(rows), _measure, shape, moe, spec, args, recompute))
             print(_row(rows[-1]), flush=True)
@@ -98,6 +98,7 @@ def _parse():
     parser.add_argument("--recompute", choices=sorted(RECOMPUTE), help="add the fast spec with this activation recompute")
     parser.add_argument("--profile", action="store_true", help="torch profiler summary of the fast MoE step")
     parser.add_argument("--port", type=int, default=29561)
+    parser.add_argument("--models", default="dense,moe", help="comma-separated: dense, moe")
     parser.add_argument("--bf16-grads", action="store_true",
                         help="gradient buffers in bf16 (megatron's default) instead of the toolkit's float32")
     return parser.parse_args()
@@ -177,14 +178,19 @@ def _logprobs(model, tokens):
 
 
 def _train_step(model, optimizer, tokens):
+    from parallel.forward import release_dispatcher_state
+
     model.zero_grad_buffer()
     optimizer.zero_grad()
     _logprobs(model, tokens).mean().neg().backward()
+    release_dispatcher_state(model)  # as the toolkit's schedule does after every step
     model.finish_grad_sync()
     optimizer.step()
 
 
 def _rl_step(model, optimizer, tokens, advantages):
+    from parallel.forward import release_dispatcher_state
+
     with torch.no_grad():
         old = _logprobs(model, tokens)
     model.zero_grad_buffer()
@@ -192,6 +198,7 @@ def _rl_step(model, optimizer, tokens, advantages):
     ratio = torch.exp(_logprobs(model, tokens) - old)
     loss = -torch.minimum(ratio * advantages, ratio.clamp(0.8, 1.2) * advantages).mean()
     loss.backward()
+    release_dispatcher_state(model)
     model.finish_grad_sync()
     optimizer.step()
 
