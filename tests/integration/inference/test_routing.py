@@ -44,21 +44,22 @@ def test_round_robin_moves_sessions_between_replicas(fleet_config):
 
 def test_killing_a_replica_mid_batch_loses_no_request(fleet_config, servers):
     victim = servers.servers[1]
-    sampling = SamplingParams(max_tokens=120, ignore_eos=True, seed=1)
+    sampling = SamplingParams(max_tokens=240, ignore_eos=True, seed=1)
 
     async def body(fleet):
         tasks = [asyncio.create_task(fleet.generate(GenerationRequest([30 + i, 31, 32], sampling, session_id=f"k{i}")))
                  for i in range(12)]
         while not any(r.url == victim.url and r.in_flight >= 3 for r in fleet.router.replicas):
             await asyncio.sleep(0.05)
-        await asyncio.sleep(0.5)
+        # At once, and with long requests: a fresh-clone run (120 tokens, a 0.5 s wait here) had the victim
+        # finish every request it held before the kill, and nothing was left to retry.
         os.kill(victim.process.pid, signal.SIGKILL)  # a crash, not a clean stop
         return await asyncio.gather(*tasks)
 
     try:
         results = run_with_fleet(fleet_config, body)
         assert len(results) == 12
-        assert all(len(r.token_ids) == 120 and r.stop_reason == "length" for r in results)
+        assert all(len(r.token_ids) == 240 and r.stop_reason == "length" for r in results)
         retried = [r for r in results if r.attempts > 1]
         assert retried, "some requests were on the killed replica and must have been retried"
         placed = [(r.replica, r.attempts) for r in retried]
