@@ -82,7 +82,6 @@ def check_slot(slot: Slot, tensor: torch.Tensor) -> None:
                          f"{slot.shape} {slot.dtype}; rebuild the plan for the current layout")
 
 
-
 def zero_padding(bucket: Bucket, flat: torch.Tensor) -> None:
     """Zero the alignment gaps between slots (and after the last), so a bucket's checksum depends only
     on its tensors; the slots themselves are overwritten by packing, so they are left alone."""

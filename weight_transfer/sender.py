@@ -51,7 +51,6 @@ def send_weights(plan: TransferPlan, rank: int, weights: Iterable[tuple[str, tor
     where = plan.bucket_of_tensor
     open_: dict[int, _OpenBucket] = {}
     full: dict[int, _OpenBucket] = {}  # complete, waiting for the buckets before them to be sent
-    complete: set[int] = set()
     order = iter(mine)
     next_bucket = next(order, None)
     sums: dict[int, torch.Tensor] = {}  # bucket index -> checksum words, still on the device
@@ -62,7 +61,7 @@ def send_weights(plan: TransferPlan, rank: int, weights: Iterable[tuple[str, tor
             raise ValueError(f"{name}: not in transfer plan {plan.fingerprint}; rebuild the plan for the current layout")
         if bucket.sender != rank:
             continue
-        if bucket.index in complete:
+        if bucket.index in full or bucket.index in sums:  # already complete (waiting, or sent)
             raise ValueError(f"{name}: the trainer gave it twice in one export")
         filling = open_.get(bucket.index) or open_.setdefault(
             bucket.index, _OpenBucket(bucket, transport.buffer(bucket, device)))
@@ -70,7 +69,6 @@ def send_weights(plan: TransferPlan, rank: int, weights: Iterable[tuple[str, tor
             tensors[name] = tensor_digest(tensor)
         if filling.add(name, tensor):
             full[bucket.index] = open_.pop(bucket.index)
-            complete.add(bucket.index)
         while next_bucket is not None and next_bucket.index in full:
             done = full.pop(next_bucket.index)
             sums[done.bucket.index] = checksum_words(done.flat)
