@@ -4,12 +4,18 @@ For a dense and an MoE GPTModel of the same shapes (default: 16 layers x 2048 hi
 sequence 4096, batch 2, bf16, the issue's table) it builds each spec in turn and measures
 - train: one full step (forward, backward, megatron's Adam with fp32 master weights),
 - rl: the RL train step (a no-grad log-prob pass, then a clipped-ratio policy update),
+for each of: megatron's ``local`` spec, ``sdpa`` (the local spec with only core attention swapped for
+SDPA: the issue's reference row; for a dense model it is the fast spec itself, so it is measured for MoE
+only) and ``fast`` (SDPA attention and grouped-GEMM experts),
 printing tokens/s, MFU (model FLOPs per token 6*N_active + 6*L*s*h for the train step, 8*N + 8*L*s*h
 for the RL step, of --peak-tflops), peak memory and fast/local ratios. ``--recompute`` adds a row of
-the fast spec with activation recompute (MFU still counts model FLOPs, not the recomputed ones).
+the fast spec with activation recompute (MFU still counts model FLOPs, not the recomputed ones; a
+comma-separated list adds a row each).
 ``--profile`` adds a torch profiler summary of the fast MoE train step (time and memory by op). Memory, GPU only: the CUDA
-allocator's peak over the train steps and the static memory between steps (weights, gradient buffers,
-optimizer state); both devices: the bytes one forward keeps for backward (distinct non-parameter
+allocator's peak over the steady train steps, its peak over the very first step of a fresh model (Adam
+creates its moments inside that step's ``optimizer.step``, after backward has freed the activations,
+so this peak is lower: one way a single-step measurement reads), and the static memory between steps
+(weights, gradient buffers, optimizer state); both devices: the bytes one forward keeps for backward (distinct non-parameter
 storages), the activation memory that recompute trades away.
 
     python benchmarks/bench_layer_specs.py                           # H200 (one GPU)
@@ -55,10 +61,10 @@ RECOMPUTE = {
 def main() -> None:
     args = _parse()
     shape = TINY if args.tiny else SMALL if args.small else Shape(seq=args.seq, batch=args.batch)
-    variants = [("local", None), ("fast", None)] + ([("fast", args.recompute)] if args.recompute else [])
+    recomputes = [("fast", r) for r in args.recompute.split(",")] if args.recompute else []
     rows = []
     for moe in [model == "moe" for model in args.models.split(",")]:
-        for spec, recompute in variants:
+        for spec, recompute in [("local", None)] + [("sdpa", None)] * moe + [("fast", None)] + recomputes:
             rows.append(_isolated(args.port + len(rows), _measure, shape, moe, spec, args, recompute))
             print(_row(rows[-1]), flush=True)
     if args.profile:
@@ -95,13 +101,21 @@ def _parse():
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of the GPU")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke run)")
     parser.add_argument("--small", action="store_true", help="4 layers x 512 hidden, sequence 1024 (CPU memory runs)")
-    parser.add_argument("--recompute", choices=sorted(RECOMPUTE), help="add the fast spec with this activation recompute")
+    parser.add_argument("--recompute", type=_recompute_list,
+                        help=f"add the fast spec with these activation recomputes (comma-separated: {', '.join(RECOMPUTE)})")
     parser.add_argument("--profile", action="store_true", help="torch profiler summary of the fast MoE step")
     parser.add_argument("--port", type=int, default=29561)
     parser.add_argument("--models", default="dense,moe", help="comma-separated: dense, moe")
     parser.add_argument("--bf16-grads", action="store_true",
                         help="gradient buffers in bf16 (megatron's default) instead of the toolkit's float32")
     return parser.parse_args()
+
+
+def _recompute_list(text: str) -> str:
+    unknown = set(text.split(",")) - set(RECOMPUTE)
+    if unknown:
+        raise argparse.ArgumentTypeError(f"--recompute: {sorted(unknown)} unknown, use {', '.join(RECOMPUTE)}")
+    return text
 
 
 def _config(shape: Shape, moe: bool, recompute: str | None = None):
@@ -145,11 +159,14 @@ def _build(shape: Shape, moe: bool, spec_name: str, fp32_grads: bool = True, rec
     from megatron.core.models.gpt import GPTModel
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
+    from parallel.layers.attention import SDPAttention
     from parallel.layers.spec import build_layer_spec, norms_in_params_dtype
     from parallel.optim import use_fused_adam
 
     config = _config(shape, moe, recompute)
-    spec = build_layer_spec(config, moe=moe, qk_layernorm=False, prefer=spec_name)
+    spec = build_layer_spec(config, moe=moe, qk_layernorm=False, prefer="local" if spec_name == "sdpa" else spec_name)
+    if spec_name == "sdpa":
+        spec.submodules.self_attention.submodules.core_attention = SDPAttention
     model = GPTModel(
         config=config,
         transformer_layer_spec=spec,
@@ -222,7 +239,11 @@ def _measure(shape: Shape, moe: bool, spec: str, args, recompute: str | None = N
     advantages = torch.randn(shape.batch, shape.seq, generator=gen).to(device)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    train = _timed(lambda: _train_step(model, optimizer, tokens), args.warmup, args.iters)
+    _train_step(model, optimizer, tokens)  # the first step: Adam's moments appear inside optimizer.step
+    first = torch.cuda.max_memory_allocated() / 1e9 if device == "cuda" else None
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    train = _timed(lambda: _train_step(model, optimizer, tokens), max(args.warmup - 1, 0), args.iters)
     # On GPU: the allocator's peak, and what stays allocated between steps (weights, gradient buffers,
     # optimizer state), so that peak - static is what the step itself adds (activations, transients).
     peak = torch.cuda.max_memory_allocated() / 1e9 if device == "cuda" else None
@@ -237,6 +258,7 @@ def _measure(shape: Shape, moe: bool, spec: str, args, recompute: str | None = N
         train_s=train,
         rl_s=rl,
         peak_gb=peak,
+        first_gb=first,
         static_gb=static,
         saved_gb=saved,
         tokens=shape.batch * shape.seq,
@@ -283,7 +305,8 @@ def _mfu(row: dict, seconds: float, per_param: int, peak_tflops: float) -> tuple
 def _row(row: dict, peak_tflops: float = 989.0) -> str:
     tps, mfu = _mfu(row, row["train_s"], 6, peak_tflops)
     rl_tps, rl_mfu = _mfu(row, row["rl_s"], 8, peak_tflops)
-    memory = f"{row['peak_gb']:.2f} GB | {row['static_gb']:.2f} GB | " if row["peak_gb"] is not None else ""
+    memory = (f"{row['peak_gb']:.2f} GB | {row['first_gb']:.2f} GB | {row['static_gb']:.2f} GB | "
+              if row["peak_gb"] is not None else "")
     return (
         f"| {row['model']} {row['total'] / 1e6:.0f}M ({row['active'] / 1e6:.0f}M active) | {row['spec']} "
         f"| {tps / 1e3:.1f}k | {100 * mfu:.1f}% | {memory}{row['saved_gb']:.2f} GB "
@@ -292,10 +315,10 @@ def _row(row: dict, peak_tflops: float = 989.0) -> str:
 
 
 def _print_table(rows: list[dict], peak_tflops: float) -> None:
-    memory = "peak memory | static memory | " if torch.cuda.is_available() else ""
+    memory = "peak memory | first-step peak | static memory | " if torch.cuda.is_available() else ""
     print(f"\n| model | spec | train tokens/s | train MFU (of {peak_tflops:.0f}) | {memory}saved activations "
           "| RL step tokens/s | RL MFU |")
-    print("|---|---|---|---|---|---|---|" + ("---|---|" if memory else ""))
+    print("|---|---|---|---|---|---|---|" + ("---|---|---|" if memory else ""))
     for row in rows:
         print(_row(row, peak_tflops))
     for local in (r for r in rows if r["spec"] == "local"):
@@ -305,6 +328,11 @@ def _print_table(rows: list[dict], peak_tflops: float) -> None:
                 f"{other['model']}: {other['spec']}/local train x{local['train_s'] / other['train_s']:.2f}, "
                 f"RL step x{local['rl_s'] / other['rl_s']:.2f}, {key[:-3]} memory x{other[key] / local[key]:.2f}"
             )
+    for sdpa in (r for r in rows if r["spec"] == "sdpa" and r["peak_gb"] is not None):
+        for fast in (r for r in rows if r["model"] == sdpa["model"] and r["spec"].startswith("fast")):
+            print(f"{fast['model']}: {fast['spec']} vs the sdpa row (the issue's memory reference): peak "
+                  f"{fast['peak_gb']:.2f} vs {sdpa['peak_gb']:.2f} GB, first-step peak {fast['first_gb']:.2f} vs "
+                  f"{sdpa['first_gb']:.2f} GB, train x{sdpa['train_s'] / fast['train_s']:.2f}")
 
 
 def _profile(shape: Shape, args) -> None:
