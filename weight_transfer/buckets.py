@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -10,6 +11,7 @@ import torch
 ALIGN = 64
 
 
+@functools.cache
 def torch_dtype(name: str) -> torch.dtype:
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype):
@@ -77,7 +79,7 @@ def pack(bucket: Bucket, tensors: Mapping[str, torch.Tensor], out: torch.Tensor)
 
 def check_slot(slot: Slot, tensor: torch.Tensor) -> None:
     """Refuse a trainer tensor whose shape or dtype the plan did not expect."""
-    if tuple(tensor.shape) != slot.shape or str(tensor.dtype).removeprefix("torch.") != slot.dtype:
+    if tensor.shape != slot.shape or tensor.dtype != torch_dtype(slot.dtype):
         raise ValueError(f"{slot.name}: trainer gives {tuple(tensor.shape)} {tensor.dtype}, the plan says "
                          f"{slot.shape} {slot.dtype}; rebuild the plan for the current layout")
 
@@ -92,9 +94,14 @@ def zero_padding(bucket: Bucket, flat: torch.Tensor) -> None:
         end = slot.offset + slot.nbytes
 
 
+def slot_view(slot: Slot, flat: torch.Tensor) -> torch.Tensor:
+    """The view of ``flat`` where ``slot``'s tensor sits, with its shape and dtype (no copy)."""
+    return flat[slot.offset:slot.offset + slot.nbytes].view(torch_dtype(slot.dtype)).view(slot.shape)
+
+
 def unpack_views(bucket: Bucket, flat: torch.Tensor) -> list[torch.Tensor]:
     """Views into ``flat``, one per slot, with the slot's shape and dtype (no copy)."""
-    return [flat[s.offset:s.offset + s.nbytes].view(torch_dtype(s.dtype)).view(s.shape) for s in bucket.slots]
+    return [slot_view(s, flat) for s in bucket.slots]
 
 
 def unpack(bucket: Bucket, flat: torch.Tensor) -> list[tuple[str, torch.Tensor]]:

@@ -6,7 +6,7 @@ import hashlib
 
 import torch
 
-_CHUNK_WORDS = 1 << 12
+CHUNK_WORDS = 1 << 12
 
 
 def bucket_checksum(flat: torch.Tensor) -> str:
@@ -17,15 +17,15 @@ def bucket_checksum(flat: torch.Tensor) -> str:
     a fifth of it on the H200), and wrapping addition gives the same value in any order, on any device.
     ``flat`` is uint8 with a length that is a multiple of 8 (bucket sizes are 64-byte aligned).
     """
-    return checksum_text(flat.numel(), checksum_words(flat))
+    return checksum_text(flat.numel(), checksum_words(flat).tolist())
 
 
 def checksum_words(flat: torch.Tensor) -> torch.Tensor:
     """The two sums of :func:`bucket_checksum` as an int64 tensor on ``flat``'s device, without waiting
     for the device: a sender checksums each bucket as it is packed and reads them all once at the end."""
     words = flat.view(torch.int64)
-    full = words.numel() // _CHUNK_WORDS * _CHUNK_WORDS
-    chunk_sums = words[:full].view(-1, _CHUNK_WORDS).sum(1)
+    full = words.numel() // CHUNK_WORDS * CHUNK_WORDS
+    chunk_sums = words[:full].view(-1, CHUNK_WORDS).sum(1)
     tail = words[full:].sum()
     weights = torch.arange(1, chunk_sums.numel() + 1, device=flat.device, dtype=torch.int64)
     plain = chunk_sums.sum() + tail
@@ -33,8 +33,9 @@ def checksum_words(flat: torch.Tensor) -> torch.Tensor:
     return torch.stack([plain, weighted])
 
 
-def checksum_text(nbytes: int, words: torch.Tensor) -> str:
-    plain, weighted = words.tolist()  # a device sync
+def checksum_text(nbytes: int, words: list[int]) -> str:
+    """The checksum of a bucket of ``nbytes`` from its two words (read back from the device)."""
+    plain, weighted = words
     return f"{nbytes:x}-{plain & (2**64 - 1):016x}-{weighted & (2**64 - 1):016x}"
 
 

@@ -1,6 +1,11 @@
 """CUDA IPC for a trainer and a sampler on the same GPU: one IPC handle per bucket, published in a small
 rendezvous store the sender hosts; the receiver maps the sender's buffer (no copy).
 
+Each bucket also has an interprocess CUDA event: the sender records it after packing and publishes at
+once, and the receiver makes its stream wait on it. Neither side blocks its host on the other's GPU
+work, so the sender enqueues the next bucket while the GPU still packs this one (a host wait per
+bucket left the GPU idle while the sender's Python caught up).
+
 The sender packs every version into the same per-bucket buffers (allocated at the first send, kept until
 ``close``: the trainer holds one copy of the exported weights for the session), so each buffer is shared
 and mapped once per session, not once per version: opening an IPC handle costs more than copying a
@@ -49,6 +54,7 @@ class CudaIpcSender(SenderTransport):
         self.store = _store(session, rank, is_master=True)
         self.uuid = str(torch.cuda.get_device_properties(device).uuid)
         self.buffers: dict[int, torch.Tensor] = {}
+        self.events: dict[int, torch.cuda.Event] = {}
         self.handles: dict[int, str] = {}
 
     def buffer(self, bucket: Bucket, device: torch.device) -> torch.Tensor:
@@ -59,23 +65,26 @@ class CudaIpcSender(SenderTransport):
         return flat
 
     def send(self, version: int, bucket: Bucket, flat: torch.Tensor) -> None:
-        torch.cuda.current_stream(flat.device).synchronize()  # the receiver reads as soon as it sees the key
         if self.buffers.get(bucket.index) is not flat:
             raise TransportError(f"cuda_ipc: bucket {bucket.index} was not packed into this transport's buffer")
         handle = self.handles.get(bucket.index)
         if handle is None:
+            event = self.events[bucket.index] = torch.cuda.Event(interprocess=True)
             rebuild, args = reduce_tensor(flat)
-            handle = self.handles[bucket.index] = base64.b64encode(pickle.dumps((self.uuid, rebuild, args))).decode()
+            handle = self.handles[bucket.index] = base64.b64encode(
+                pickle.dumps((self.uuid, rebuild, args, event.ipc_handle()))).decode()
+        self.events[bucket.index].record(torch.cuda.current_stream(flat.device))  # before the key is visible
         self.store.set(f"v{version}/b{bucket.index}", handle)
 
     def close(self) -> None:
-        self.buffers, self.handles = {}, {}
+        self.buffers, self.events, self.handles = {}, {}, {}
 
 
 class CudaIpcReceiver(ReceiverTransport):
     def __init__(self, session: dict, rank: int, device: torch.device):
         self.stores = {int(s): _store(session, int(s), is_master=False) for s in session["ports"]}
-        self.mapped: dict[int, tuple[str, torch.Tensor]] = {}  # bucket index -> (handle, mapped buffer)
+        self.device = device
+        self.mapped: dict[int, tuple[str, torch.Tensor, torch.cuda.Event]] = {}  # bucket -> (handle, buffer, event)
 
     def receive(self, version: int, buckets: Sequence[Bucket]) -> Iterator[tuple[Bucket, torch.Tensor]]:
         for bucket in buckets:
@@ -85,11 +94,15 @@ class CudaIpcReceiver(ReceiverTransport):
                 raise TransportError(f"cuda_ipc: no handle for bucket {bucket.index} of version {version}: {err}") from err
             known = self.mapped.get(bucket.index)
             if known is None or known[0] != raw:
-                uuid, rebuild, args = pickle.loads(base64.b64decode(raw))
+                uuid, rebuild, args, event = pickle.loads(base64.b64decode(raw))
                 args = list(args)
-                args[_DEVICE_ARG] = _local_index(uuid)
-                known = self.mapped[bucket.index] = (raw, rebuild(*args))
+                args[_DEVICE_ARG] = index = _local_index(uuid)
+                known = self.mapped[bucket.index] = (raw, rebuild(*args), torch.cuda.Event.from_ipc_handle(index, event))
+            known[2].wait(torch.cuda.current_stream(self.device))  # the sender's packing of this version
             yield bucket, known[1]
+
+    def release(self, version: int) -> None:
+        torch.cuda.current_stream(self.device).synchronize()  # every read of the buffers is done: the sender may reuse them
 
     def close(self) -> None:
         self.mapped = {}
