@@ -2,6 +2,8 @@
 to be interrupted. Run as a script: python fleet_main.py MODEL_DIR RUN_DIR"""
 
 import asyncio
+import faulthandler
+import signal
 import sys
 
 import psutil
@@ -21,4 +23,5 @@ async def main(model: str, run_dir: str) -> None:
 
 
 if __name__ == "__main__":
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for stacks when shutdown hangs
     asyncio.run(main(sys.argv[1], sys.argv[2]))

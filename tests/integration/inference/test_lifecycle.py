@@ -3,6 +3,7 @@
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -23,15 +24,30 @@ def _alive(pids: list[int]) -> list[int]:
 def test_ctrl_c_stops_managed_servers_and_leaves_no_orphans(moe_model, tmp_path):
     proc = subprocess.Popen([sys.executable, str(DRIVER), str(moe_model), str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stderr: list[str] = []  # read as it comes, so a full pipe can never block the driver
+    reader = threading.Thread(target=lambda: stderr.extend(proc.stderr), daemon=True)
+    reader.start()
     pids: list[int] = []
     try:
         for line in proc.stdout:
             if line.startswith("PIDS "):
                 pids = [int(p) for p in line.split()[1:]]
                 break
-        assert len(pids) >= 2, f"driver did not start an API server and engine: {proc.stderr.read()[-3000:]}"
+        if len(pids) < 2:  # the driver ended early: let its stderr reach the message
+            proc.wait(timeout=30)
+            reader.join(5)
+        assert len(pids) >= 2, f"driver did not start an API server and engine: {''.join(stderr)[-3000:]}"
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=60)
+        try:
+            proc.wait(timeout=120)  # the servers get 20 s of SIGTERM grace each
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)  # the driver dumps every thread's stack
+            time.sleep(2)
+            proc.kill()
+            reader.join(5)
+            logs = "\n".join(p.read_text(errors="replace")[-2000:] for p in tmp_path.rglob("*.log"))
+            pytest.fail(f"the driver did not exit within 120 s of SIGINT; its stacks and stderr:\n"
+                        f"{''.join(stderr)[-6000:]}\nserver logs:\n{logs}")
     finally:
         if proc.poll() is None:
             proc.kill()
