@@ -24,4 +24,7 @@ async def main(model: str, run_dir: str) -> None:
 
 if __name__ == "__main__":
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for stacks when shutdown hangs
+    # Ctrl-C as in a terminal: a test run started in the background (nohup, `&` in a script) inherits
+    # SIGINT ignored, and asyncio.run then leaves it ignored, so the driver would never stop.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     asyncio.run(main(sys.argv[1], sys.argv[2]))
