@@ -61,7 +61,7 @@ RECOMPUTE = {
 def main() -> None:
     args = _parse()
     shape = TINY if args.tiny else SMALL if args.small else Shape(seq=args.seq, batch=args.batch)
-    recomputes = [("fast", r) for r in args.recompute.split(",")] if args.recompute else []
+    recomputes = [("fast", r) for r in args.recompute or []]
     rows = []
     for moe in [model == "moe" for model in args.models.split(",")]:
         for spec, recompute in [("local", None)] + [("sdpa", None)] * moe + [("fast", None)] + recomputes:
@@ -111,11 +111,11 @@ def _parse():
     return parser.parse_args()
 
 
-def _recompute_list(text: str) -> str:
-    unknown = set(text.split(",")) - set(RECOMPUTE)
-    if unknown:
-        raise argparse.ArgumentTypeError(f"--recompute: {sorted(unknown)} unknown, use {', '.join(RECOMPUTE)}")
-    return text
+def _recompute_list(text: str) -> list[str]:
+    names = text.split(",")
+    if unknown := set(names) - set(RECOMPUTE):
+        raise argparse.ArgumentTypeError(f"{sorted(unknown)} unknown, use {', '.join(RECOMPUTE)}")
+    return names
 
 
 def _config(shape: Shape, moe: bool, recompute: str | None = None):

@@ -39,16 +39,16 @@ async def started(fleet, n: int, tries: int = 3) -> list[asyncio.Task]:
         tasks = [asyncio.create_task(fleet.generate(r)) for r in requests(n)]
         deadline = time.monotonic() + 120
 
-        all_in: list[float] = []
+        all_in: float | None = None  # when behind() was first asked, i.e. all n requests were in flight
 
         async def behind() -> bool:
             # 4 tokens a request fleet-wide, or half a second with all of them in flight: a server's API
             # process can take in its engine's tokens (and count them) late, even only at the end of
             # the requests (about half of the runs on 2026-12-01, with this test's code of the day before).
-            if not all_in:
-                all_in.append(time.monotonic())
+            nonlocal all_in
+            all_in = all_in or time.monotonic()
             now = await generated_tokens(fleet)
-            return sum(now.values()) < sum(before.values()) + 4 * n and time.monotonic() < all_in[0] + 0.5
+            return sum(now.values()) < sum(before.values()) + 4 * n and time.monotonic() < all_in + 0.5
 
         while (sum(r.in_flight for r in fleet.router.replicas) < n or await behind()) and not any(t.done() for t in tasks):
             assert time.monotonic() < deadline, f"{n} requests were not all in flight in 120 s"
