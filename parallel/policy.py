@@ -104,10 +104,11 @@ class MegatronPolicy:
 
         return save_hf_checkpoint(self.model, self.pgs, path, self.hf_dir)
 
-    def export_weights(self):
-        """(HF name, tensor) pairs this rank owns; every rank must consume its iterator."""
+    def export_weights(self, row_blocks: bool = False):
+        """(HF name, tensor) pairs this rank owns; every rank must consume its iterator. ``row_blocks``: see
+        :meth:`parallel.weights.hf_export.HFExport.tensors` (weight transfers pass True)."""
         from parallel.weights.hf_export import HFExport
 
         if self._export is None:
             self._export = HFExport(self.model, self.pgs)
-        return iter(self._export)
+        return self._export.tensors(row_blocks)

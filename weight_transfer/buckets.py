@@ -71,15 +71,20 @@ def pack(bucket: Bucket, tensors: Mapping[str, torch.Tensor], out: torch.Tensor)
     if out.dtype != torch.uint8 or out.numel() != bucket.nbytes:
         raise ValueError(f"bucket {bucket.index}: buffer must be uint8 of {bucket.nbytes} bytes")
     zero_padding(bucket, out)
-    for slot, view in zip(bucket.slots, unpack_views(bucket, out)):
-        check_slot(slot, tensors[slot.name])
-        view.copy_(tensors[slot.name])
+    for slot in bucket.slots:
+        tensor = tensors[slot.name]
+        check_slot(slot, tensor)
+        slot_view(slot, out, tensor.shape).copy_(tensor)
     return out
 
 
 def check_slot(slot: Slot, tensor: torch.Tensor) -> None:
-    """Refuse a trainer tensor whose shape or dtype the plan did not expect."""
-    if tensor.shape != slot.shape or tensor.dtype != torch_dtype(slot.dtype):
+    """Refuse a trainer tensor whose shape or dtype the plan did not expect. Besides the slot's shape
+    ``[rows, ...]`` a tensor may come as row blocks, ``[blocks, rows / blocks, ...]``: read in row-major
+    order its bytes are the slot's (:func:`parallel.weights.layout.split_qkv_blocks` exports q, k and v so)."""
+    shape = tensor.shape
+    blocks = len(slot.shape) >= 1 and len(shape) == len(slot.shape) + 1 and shape[0] * shape[1] == slot.shape[0] and shape[2:] == slot.shape[1:]
+    if (shape != slot.shape and not blocks) or tensor.dtype != torch_dtype(slot.dtype):
         raise ValueError(f"{slot.name}: trainer gives {tuple(tensor.shape)} {tensor.dtype}, the plan says "
                          f"{slot.shape} {slot.dtype}; rebuild the plan for the current layout")
 
@@ -94,9 +99,10 @@ def zero_padding(bucket: Bucket, flat: torch.Tensor) -> None:
         end = slot.offset + slot.nbytes
 
 
-def slot_view(slot: Slot, flat: torch.Tensor) -> torch.Tensor:
-    """The view of ``flat`` where ``slot``'s tensor sits, with its shape and dtype (no copy)."""
-    return flat[slot.offset:slot.offset + slot.nbytes].view(torch_dtype(slot.dtype)).view(slot.shape)
+def slot_view(slot: Slot, flat: torch.Tensor, shape=None) -> torch.Tensor:
+    """The view of ``flat`` where ``slot``'s tensor sits, with its dtype and shape (or ``shape``, one
+    :func:`check_slot` accepts) (no copy)."""
+    return flat[slot.offset:slot.offset + slot.nbytes].view(torch_dtype(slot.dtype)).view(shape or slot.shape)
 
 
 def unpack_views(bucket: Bucket, flat: torch.Tensor) -> list[torch.Tensor]:

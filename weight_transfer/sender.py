@@ -33,7 +33,7 @@ class _OpenBucket:
         if self.fused is not None:
             self.fused.add(slot, tensor)
         else:
-            slot_view(slot, self.flat).copy_(tensor)
+            slot_view(slot, self.flat, tensor.shape).copy_(tensor)
         return not self.slots
 
     def checksum_words(self) -> torch.Tensor:

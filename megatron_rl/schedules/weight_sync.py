@@ -65,7 +65,7 @@ def _send(policy, scratch, plan_json: str, version: int, digests: bool) -> dict:
     if scratch.get("plan_json") != plan_json:
         scratch["plan"], scratch["plan_json"] = TransferPlan.from_json(plan_json), plan_json
     rank = torch.distributed.get_rank()
-    return send_weights(scratch["plan"], rank, policy.export_weights(), scratch.get("wt"), version, _device(), digests)
+    return send_weights(scratch["plan"], rank, policy.export_weights(row_blocks=True), scratch.get("wt"), version, _device(), digests)
 
 
 def _release(policy, scratch, version: int) -> None:

@@ -16,13 +16,18 @@ def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_groups: int)
     return torch.cat(parts, dim=1).reshape(-1, *tail)
 
 
-def split_qkv(fused: torch.Tensor, num_groups: int, q_rows: int, kv_rows: int):
-    """Inverse of :func:`fuse_qkv`: -> (q, k, v) with ``q_rows`` and ``kv_rows`` rows in total."""
-    tail = fused.shape[1:]
-    per_group = fused.reshape(num_groups, -1, *tail)
+def split_qkv_blocks(fused: torch.Tensor, num_groups: int, q_rows: int, kv_rows: int):
+    """(q, k, v) of a fused QKV as views ``[num_groups, rows / num_groups, ...]`` (no copy): each is one
+    contiguous block of rows per KV group, and read in row-major order it is the HF tensor."""
+    per_group = fused.reshape(num_groups, -1, *fused.shape[1:])
     qg, kg = q_rows // num_groups, kv_rows // num_groups
-    q, k, v = torch.split(per_group, [qg, kg, kg], dim=1)
-    return q.reshape(q_rows, *tail), k.reshape(kv_rows, *tail), v.reshape(kv_rows, *tail)
+    return torch.split(per_group, [qg, kg, kg], dim=1)
+
+
+def split_qkv(fused: torch.Tensor, num_groups: int, q_rows: int, kv_rows: int):
+    """Inverse of :func:`fuse_qkv`: -> (q, k, v) with ``q_rows`` and ``kv_rows`` rows in total (copies,
+    unless there is one group)."""
+    return tuple(b.flatten(0, 1) for b in split_qkv_blocks(fused, num_groups, q_rows, kv_rows))
 
 
 def fuse_gate_up(gate: torch.Tensor, up: torch.Tensor, rank: int, size: int) -> torch.Tensor:

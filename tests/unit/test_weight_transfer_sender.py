@@ -90,3 +90,31 @@ def test_rank_without_buckets_drains_its_iterator_without_a_transport():
 
     assert send_weights(plan, 1, export(), None, 1, torch.device("cpu")) == {"buckets": {}, "tensors": {}}
     assert drained == list(tensors)
+
+
+def test_qkv_row_blocks_pack_to_the_hf_tensors(tmp_path):
+    """The export's row blocks of a fused QKV (views, no copy) land in the bucket as the HF q, k and v;
+    shapes that only share the element count are refused."""
+    from parallel.weights.layout import fuse_qkv, split_qkv, split_qkv_blocks
+
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = torch.randn(32, 16, generator=gen), torch.randn(8, 16, generator=gen), torch.randn(8, 16, generator=gen)
+    fused = fuse_qkv(q, k, v, num_groups=4)
+    blocks = split_qkv_blocks(fused, 4, 32, 8)
+    assert [tuple(b.shape) for b in blocks] == [(4, 8, 16), (4, 2, 16), (4, 2, 16)]
+    assert all(b.data_ptr() >= fused.data_ptr() for b in blocks) and not blocks[0].is_contiguous()  # views
+    assert all(torch.equal(a, b) for a, b in zip(split_qkv(fused, 4, 32, 8), (q, k, v)))
+    names = [f"model.layers.0.self_attn.{n}_proj.weight" for n in "qkv"]
+    specs = [TensorSpec(n, tuple(t.shape), "float32") for n, t in zip(names, (q, k, v))]
+    plan = TransferPlan.build(specs, TrainerLayout(num_layers=1), bucket_bytes=1 << 20)
+    session = {"type": "shared_memory", "dir": str(tmp_path), "id": "qkv", "timeout_s": 5}
+    out = send_weights(plan, 0, zip(names, blocks), make_sender(session, 0, torch.device("cpu")), 1, torch.device("cpu"))
+    ((bucket, flat),) = make_receiver(session, 1, torch.device("cpu")).receive(1, plan.buckets)
+    assert bucket_checksum(flat) == out["buckets"][bucket.index]
+    hf = dict(zip(names, (q, k, v)))
+    for slot in bucket.slots:
+        assert torch.equal(flat[slot.offset:slot.offset + slot.nbytes].view(torch.float32).view(slot.shape), hf[slot.name])
+    transport = make_sender(session, 0, torch.device("cpu"))
+    for wrong in (q.t(), q.reshape(-1), q.reshape(4, 8, 16)[None], q.reshape(4, 8, 16).transpose(1, 2)):
+        with pytest.raises(ValueError, match="q_proj.*plan says"):
+            send_weights(plan, 0, [(names[0], wrong), *zip(names[1:], blocks[1:])], transport, 2, torch.device("cpu"))

@@ -167,8 +167,9 @@ class MegatronExport:
 
     The first call builds the model from the checkpoint (parallel's provider and importer). Version v adds
     seeded noise to every local parameter shard (the same noise on each rank holding a replicated tensor),
-    runs megatron's log-prob pass on TOKENS, then returns parallel's export iterator. Rank 0 saves under
-    ``out_dir`` megatron's log-probs and every tensor it yields (``megatron-v{v}.pt``, ``exported-v{v}``)."""
+    runs megatron's log-prob pass on TOKENS, then returns parallel's export iterator as weight syncs use it
+    (q, k, v as row-block views). Rank 0 saves under ``out_dir`` megatron's log-probs and every tensor it
+    yields, in HF shape (``megatron-v{v}.pt``, ``exported-v{v}``)."""
 
     def __init__(self, model_dir: Path, tp: int, out_dir: Path):
         from weight_transfer.session import free_port
@@ -194,7 +195,7 @@ class MegatronExport:
     def __call__(self, rank: int, version: int):
         self.state = self.state or self._build(rank)  # first: parallel's CPU layer precedes megatron imports
         from parallel.logprob_pass import compute_logprobs
-        from parallel.weights.hf_export import iter_hf_weights
+        from parallel.weights.hf_export import HFExport
         from parallel.weights.placement import placements
 
         cfg, pgs, model = self.state
@@ -206,12 +207,12 @@ class MegatronExport:
         logprobs = compute_logprobs(model, token_batch(), cfg.max_tokens_per_micro_batch, pgs)[0]
         if rank == 0:
             torch.save(logprobs, self.out_dir / f"megatron-v{version}.pt")
-            return self._saving(iter_hf_weights(model, pgs), version)
-        return iter_hf_weights(model, pgs)
+            return self._saving(HFExport(model, pgs).tensors(row_blocks=True), version)
+        return HFExport(model, pgs).tensors(row_blocks=True)
 
     def _saving(self, pairs, version: int):
         kept = {}
         for name, tensor in pairs:
-            kept[name] = tensor.clone()
+            kept[name] = tensor.flatten(0, 1) if tensor.dim() == 3 else tensor.clone()  # the models' HF weights are 2-D
             yield name, tensor
         save_file(kept, str(self.out_dir / f"exported-v{version}.safetensors"))
