@@ -18,13 +18,18 @@ class _Entry:
 
 
 def _sources(gen: torch.Generator) -> dict[str, torch.Tensor]:
-    """Word-readable tensors, and ones the kernel must route through copy_: odd byte sizes, strided,
-    offset by 2 or 8 bytes, on the CPU."""
+    """Word-readable tensors, row blocks of a fused QKV (one kernel entry per block), and ones the kernel
+    must route through copy_: odd byte sizes, strided, offset by 2 or 8 bytes, on the CPU."""
     def rand(*shape, dtype=torch.bfloat16):
         return torch.randn(*shape, generator=gen, device="cuda").to(dtype)
 
     base = rand(4097 * 3)
+    fused = rand(8, 12, 256)  # 8 KV groups of 8 q, 2 k and 2 v rows
+    narrow = rand(4, 8, 3)  # rows of 3 bf16: blocks of 2 rows are 12-byte runs, not whole words
     return {
+        "blocks_q": fused[:, :8],
+        "blocks_k": fused[:, 8:10],
+        "blocks_narrow": narrow[:, 4:6],
         "big": rand(3000, 1024),  # several programs and several 4096-word checksum chunks
         "f32": rand(777, 33, dtype=torch.float32),
         "odd_bytes": rand(3, 5),  # 30 bytes
@@ -40,7 +45,9 @@ def _sources(gen: torch.Generator) -> dict[str, torch.Tensor]:
 
 
 def _specs(tensors):
-    return [TensorSpec(n, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in tensors.items()]
+    """The plan's (HF) shapes: row blocks ``[blocks, rows, ...]`` are the tensor ``[blocks * rows, ...]``."""
+    return [TensorSpec(n, tuple(t.flatten(0, 1).shape if n.startswith("blocks") else t.shape),
+                       str(t.dtype).removeprefix("torch.")) for n, t in tensors.items()]
 
 
 def test_fused_pack_matches_copy_then_checksum(monkeypatch):
