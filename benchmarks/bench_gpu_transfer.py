@@ -9,9 +9,9 @@ the ``WeightReceiver`` extension, driven by ``WeightTransferCoordinator`` throug
 - ``--transport broadcast`` (default): trainer on GPU 0, vLLM on GPU 1, NCCL. Baseline: the same bytes in
   the same message sizes broadcast bare (two processes, torch.distributed NCCL, cuda events, median).
 - ``--transport cuda_ipc``: trainer and vLLM on GPU 0. Baseline: device-to-device copies of the same
-  message sizes (bytes delivered per second). Only ``1b``: a 7B trainer with its optimizer and a vLLM
-  engine do not fit on one H200 together (``tests/gpu/test_weight_transfer_cuda_ipc.py`` measures 7B-sized
-  tensor sets without the trainer).
+  message sizes (bytes delivered per second). A 7B policy with its optimizer and a vLLM engine do not fit
+  on one H200 together: ``--trainer model`` holds the megatron model's weights alone (same load and
+  export code) and makes ``--sizes 7b`` possible there.
 
 After the updates vLLM's prompt log-probs must match megatron's on the new (perturbed) weights within
 bf16 tolerance.
@@ -20,6 +20,7 @@ bf16 tolerance.
     python benchmarks/bench_gpu_transfer.py                               # 1b and 7b, 2 GPUs, NCCL
     python benchmarks/bench_gpu_transfer.py --sizes 1b                    # the small model only
     python benchmarks/bench_gpu_transfer.py --transport cuda_ipc          # one GPU, 1b
+    python benchmarks/bench_gpu_transfer.py --transport cuda_ipc --sizes 1b,7b --trainer model
     python benchmarks/bench_gpu_transfer.py --dry-run                     # CPU: tiny model, gloo, vLLM on CPU
 
 GB = 1e9 bytes. "transfer s" is the coordinator's wall time of one update's transfer (senders'
@@ -263,7 +264,7 @@ def _trainer(conn, cuda: bool) -> None:
                 nbytes = write_random_weights(Path(args[0]), dtype, device)
                 conn.send(("ok", {"bytes": nbytes, "seconds": time.perf_counter() - start}))
             elif command == "build":
-                conn.send(("ok", _build_policy(state, Path(args[0]), cuda, device)))
+                conn.send(("ok", _build_policy(state, Path(args[0]), cuda, device, args[1])))
             elif command == "connect":
                 from weight_transfer.plan import TransferPlan
                 from weight_transfer.transports import make_sender
@@ -278,7 +279,7 @@ def _trainer(conn, cuda: bool) -> None:
 
                 version, digests = args
                 start = time.perf_counter()
-                out = send_weights(state["plan"], 0, state["policy"].export_weights(), state["transport"], version,
+                out = send_weights(state["plan"], 0, state["policy"].export_weights(row_blocks=True), state["transport"], version,
                                    device, digests)
                 if cuda:
                     torch.cuda.synchronize()
@@ -299,9 +300,42 @@ def _trainer(conn, cuda: bool) -> None:
             conn.send(("error", traceback.format_exc(limit=6)))
 
 
-def _build_policy(state: dict, hf_dir: Path, cuda: bool, device) -> dict:
-    """MegatronPolicy from the checkpoint, then one stand-in update (noise on every matrix): the weights
-    the transfers carry. Returns megatron's log-probs of TOKENS with those weights."""
+class MegatronWeights:
+    """``--trainer model``: the megatron-core model alone (weights, no gradients or optimizer), loaded and
+    exported through the same code as ``MegatronPolicy``. A 7B policy with its optimizer (~120 GB) does not
+    fit on one H200 beside a vLLM engine; its weights (13.5 GB) do, and a transfer reads only those."""
+
+    def __init__(self, hf_dir: Path, cfg, init_method: str):
+        from parallel import cpu_compat
+
+        cpu_compat.enable()  # before megatron is imported, as MegatronPolicy does
+        from parallel.groups import init_distributed
+        from parallel.provider import build_model
+        from parallel.weights.hf_import import load_hf_weights
+
+        self.cfg = cfg
+        self.pgs = init_distributed(cfg.parallel, 0, 1, init_method)
+        self.model = build_model(hf_dir, cfg, self.pgs)
+        self.model.requires_grad_(False)
+        load_hf_weights(self.model, hf_dir, self.pgs)
+        self._export = None
+
+    def compute_logprobs(self, batch):
+        from parallel.logprob_pass import compute_logprobs
+
+        return compute_logprobs(self.model, batch, self.cfg.max_tokens_per_micro_batch, self.pgs)
+
+    def export_weights(self, row_blocks: bool = False):
+        from parallel.weights.hf_export import HFExport
+
+        self._export = self._export or HFExport(self.model, self.pgs)
+        return self._export.tensors(row_blocks)
+
+
+def _build_policy(state: dict, hf_dir: Path, cuda: bool, device, trainer: str = "policy") -> dict:
+    """The trainer's model from the checkpoint (a ``MegatronPolicy``, or with ``trainer="model"`` the
+    megatron model alone), then one stand-in update (noise on every matrix): the weights the transfers
+    carry. Returns megatron's log-probs of TOKENS with those weights."""
     import torch
 
     from megatron_rl.algorithms.config import AlgorithmConfig
@@ -311,7 +345,11 @@ def _build_policy(state: dict, hf_dir: Path, cuda: bool, device) -> dict:
 
     start = time.perf_counter()
     cfg = TrainerConfig(dtype="bfloat16" if cuda else "float32", max_tokens_per_micro_batch=4096)
-    policy = MegatronPolicy(hf_dir, cfg, AlgorithmConfig(), 0, 1, f"tcp://127.0.0.1:{free_port()}")
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    if trainer == "model":
+        policy = MegatronWeights(hf_dir, cfg, init_method)
+    else:
+        policy = MegatronPolicy(hf_dir, cfg, AlgorithmConfig(), 0, 1, init_method)
     batch = batch_of(TOKENS, prompt_len=1)
     loaded = policy.compute_logprobs(batch)[0]  # the checkpoint's weights, as vLLM loads them from disk
     gen = torch.Generator(device=device).manual_seed(1)
@@ -323,9 +361,8 @@ def _build_policy(state: dict, hf_dir: Path, cuda: bool, device) -> dict:
     state["policy"] = policy
     rows = [logp[b, 1:len(t)].float().tolist() for b, t in enumerate(TOKENS)]
     loaded_rows = [loaded[b, 1:len(t)].float().tolist() for b, t in enumerate(TOKENS)]
-    memory = policy.memory()
     return {"logprobs": rows, "loaded_logprobs": loaded_rows, "seconds": time.perf_counter() - start,
-            "params": sum(p.numel() for p in policy.model.parameters()), "memory": memory}
+            "params": sum(p.numel() for p in policy.model.parameters())}
 
 
 class TrainerSenders:
@@ -425,14 +462,15 @@ def run_size(size: str, args, cuda: bool, work: Path) -> dict:
         else:
             bare = bare_broadcast(messages, args.bare_reps, cuda)
         print(f"[{size}] baseline ({BASELINE[args.transport]}) medians (s): {bare}", flush=True)
-        trainer.post("build", str(hf_dir))  # with broadcast, megatron builds on GPU 0 while vLLM starts on GPU 1
+        trainer.post("build", str(hf_dir), args.trainer)  # with broadcast, megatron builds on GPU 0 while vLLM starts on GPU 1
         # On one GPU vLLM sizes its cache from the memory free while it profiles: the trainer settles first.
         built = trainer.result() if args.transport == "cuda_ipc" else None
         t0 = time.perf_counter()
         llm = make_llm(hf_dir, cuda, args.gpu_memory_utilization)
         print(f"[{size}] vLLM engine up in {time.perf_counter() - t0:.1f} s", flush=True)
         built = built or trainer.result()
-        print(f"[{size}] MegatronPolicy {built['params'] / 1e9:.2f}B params built+updated in {built['seconds']:.1f} s", flush=True)
+        what = "MegatronPolicy" if args.trainer == "policy" else "megatron model (weights only)"
+        print(f"[{size}] {what} {built['params'] / 1e9:.2f}B params built+updated in {built['seconds']:.1f} s", flush=True)
         before = vllm_logprobs(llm)
         replica = LLMReplica(llm, "vllm")
         rows = []
@@ -523,6 +561,9 @@ def _parse(argv=None):
                    help="bandwidth ratio target at >= 1 GiB buckets (default 0.8 broadcast, 0.5 cuda_ipc)")
     p.add_argument("--gpu-memory-utilization", type=float, default=None,
                    help="vLLM's share of its GPU (default 0.5; 0.3 with cuda_ipc, beside the trainer)")
+    p.add_argument("--trainer", default="policy", choices=("policy", "model"),
+                   help="policy: a MegatronPolicy (model, gradients, optimizer); model: the megatron model's weights "
+                        "alone, exported the same way (7b with cuda_ipc: the policy does not fit beside vLLM)")
     p.add_argument("--timeout", type=float, default=300.0, help="transport timeout, seconds")
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--workdir", default=None, help="where the random checkpoints go (default: a temp dir)")
@@ -536,9 +577,9 @@ def _parse(argv=None):
         args.gpu_memory_utilization = 0.3 if ipc else 0.5
     if ipc and args.dry_run:
         p.error("--dry-run runs the broadcast transport over gloo; cuda_ipc needs a GPU")
-    if ipc and "7b" in args.sizes:
-        p.error("--sizes 7b with --transport cuda_ipc: a 7B trainer with its optimizer (~120 GB) and vLLM do "
-                "not fit on one H200; tests/gpu/test_weight_transfer_cuda_ipc.py measures 7B-sized tensor sets")
+    if ipc and "7b" in args.sizes and args.trainer == "policy":
+        p.error("--sizes 7b with --transport cuda_ipc: a 7B policy with its optimizer (~120 GB) and vLLM do "
+                "not fit on one H200; add --trainer model (the megatron model's weights alone)")
     args.buckets = [int(b) for b in args.buckets.split(",")]
     if args.dry_run:
         args.sizes, args.reps, args.bare_reps = ["tiny"], 1, 2

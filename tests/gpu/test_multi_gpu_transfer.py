@@ -27,16 +27,17 @@ pytestmark = pytest.mark.gpu
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_gpu_transfer.py"
 
 
-def run_transfer_bench(tmp_path: Path, *args: str) -> dict:
-    """Run the benchmark for the 1b model with ``args``; check every bucket size moved the whole model and
-    vLLM's log-probs after the updates match megatron's (and moved). Returns the 1b results."""
+def run_transfer_bench(tmp_path: Path, *args: str, size: str = "1b", buckets: tuple[int, ...] = (64, 256, 1024, 4096)) -> dict:
+    """Run the benchmark for model ``size`` at ``buckets`` (MiB) with ``args``; check every bucket size moved
+    the whole model and vLLM's log-probs after the updates match megatron's (and moved). Returns its results."""
     out = tmp_path / "result.json"
     env = {**os.environ, "NCCL_NVLS_ENABLE": "0"}
-    proc = subprocess.run([sys.executable, str(BENCH), "--sizes", "1b", "--json", str(out), *args], env=env, timeout=900)
+    command = [sys.executable, str(BENCH), "--sizes", size, "--buckets", ",".join(map(str, buckets)), "--json", str(out), *args]
+    proc = subprocess.run(command, env=env, timeout=900)
     assert out.exists(), f"the benchmark failed before writing results (exit code {proc.returncode})"
     result = json.loads(out.read_text())
-    res = result["results"]["1b"]
-    assert [r["bucket_mb"] for r in res["rows"]] == [64, 256, 1024, 4096]
+    res = result["results"][size]
+    assert [r["bucket_mb"] for r in res["rows"]] == list(buckets)
     for row in res["rows"]:
         assert row["bytes"] > 1.6e9 and row["gbps"] > 0
     lp = res["logprobs"]

@@ -79,13 +79,12 @@ def _update(senders, receiver, plan, version: int, dest: dict | None) -> float:
     return seconds
 
 
-# Measured on the H200 (2026-12-01, fused copy-and-checksum kernel, IPC events instead of a host wait per
-# bucket): 7B 76-80% of a D2D copy (53-56% before), 1B 42-53% over the last 3 runs and 41-52% (median 48%)
-# over 9 runs of the same kernel with alignment hints (21-28% before). The 1B set is host-bound: ~113 tensors of
-# Python on the sender and a fixed round trip to the sender process (~0.5 ms) weigh against 0.85 ms of
-# copying. Known near-miss, kept visible.
+# Measured on the H200 (fused copy-and-checksum kernel, IPC events instead of a host wait per bucket): 7B
+# 74-80% of a D2D copy over five runs in two sessions (53-56% before the kernel); 1B 42-53% (21-28% before),
+# and 37-55% in kernel sweeps. The 1B set is host-bound: ~113 tensors of Python on the sender and a fixed
+# round trip to the sender process (~0.5 ms) weigh against 0.85 ms of copying. Known near-miss, kept visible.
 _SMALL_MISS = pytest.mark.xfail(reason="host-bound: per-tensor Python and the sender round trip weigh against 0.85 ms "
-                                       "of copying 1.8 GB (41-53% of D2D)", strict=False)
+                                       "of copying 1.8 GB (37-55% of D2D)", strict=False)
 
 
 @pytest.mark.parametrize("size", [pytest.param("1B", marks=_SMALL_MISS), "7B"])
@@ -143,4 +142,14 @@ def test_cuda_ipc_from_a_megatron_policy_into_vllm_on_the_same_gpu(tmp_path):
     from test_multi_gpu_transfer import run_transfer_bench
 
     res = run_transfer_bench(tmp_path, "--transport", "cuda_ipc")
+    print("\n" + "\n".join(f"{r['bucket_mb']} MiB: {r['gbps']:.0f} GB/s = {r['ratio']:.0%} of D2D" for r in res["rows"]))
+
+
+def test_cuda_ipc_from_a_7b_megatron_model_into_vllm_on_the_same_gpu(tmp_path):
+    """The ~7B bf16 megatron model (weights only: with its optimizer it does not fit beside vLLM) -> vLLM on
+    the same GPU, ``--trainer model``, at 1 and 4 GiB buckets. The bandwidth is printed, not asserted: it
+    measured 44-65% of a D2D copy over three runs (the benchmark's own target line says met or MISSED)."""
+    from test_multi_gpu_transfer import run_transfer_bench
+
+    res = run_transfer_bench(tmp_path, "--transport", "cuda_ipc", "--trainer", "model", size="7b", buckets=(1024, 4096))
     print("\n" + "\n".join(f"{r['bucket_mb']} MiB: {r['gbps']:.0f} GB/s = {r['ratio']:.0%} of D2D" for r in res["rows"]))
