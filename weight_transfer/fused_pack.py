@@ -58,7 +58,7 @@ class FusedPack:
     def __init__(self, flat: torch.Tensor):
         self.flat, self.words = flat, flat.view(torch.int64)
         self.sums = torch.zeros(2, dtype=torch.int64, device=flat.device)
-        self.pending: list[tuple[int, int, int]] = []  # (source address, first slot word, words)
+        self.pending: list[tuple[int, int, int, int, int]] = []  # (address, first slot word, run, stride, runs)
         self.alive: list[torch.Tensor] = []  # sources of pending entries, kept until their group is copied
         self.pending_bytes = 0
 
