@@ -83,7 +83,8 @@ def check_slot(slot: Slot, tensor: torch.Tensor) -> None:
     ``[rows, ...]`` a tensor may come as row blocks, ``[blocks, rows / blocks, ...]``: read in row-major
     order its bytes are the slot's (:func:`parallel.weights.layout.split_qkv_blocks` exports q, k and v so)."""
     shape = tensor.shape
-    blocks = len(slot.shape) >= 1 and len(shape) == len(slot.shape) + 1 and shape[0] * shape[1] == slot.shape[0] and shape[2:] == slot.shape[1:]
+    blocks = (len(slot.shape) >= 1 and len(shape) == len(slot.shape) + 1
+              and shape[0] * shape[1] == slot.shape[0] and shape[2:] == slot.shape[1:])
     if (shape != slot.shape and not blocks) or tensor.dtype != torch_dtype(slot.dtype):
         raise ValueError(f"{slot.name}: trainer gives {tuple(tensor.shape)} {tensor.dtype}, the plan says "
                          f"{slot.shape} {slot.dtype}; rebuild the plan for the current layout")
