@@ -83,11 +83,13 @@ def check_slot(slot: Slot, tensor: torch.Tensor) -> None:
     ``[rows, ...]`` a tensor may come as row blocks, ``[blocks, rows / blocks, ...]``: read in row-major
     order its bytes are the slot's (:func:`parallel.weights.layout.split_qkv_blocks` exports q, k and v so)."""
     shape = tensor.shape
-    blocks = (len(slot.shape) >= 1 and len(shape) == len(slot.shape) + 1
-              and shape[0] * shape[1] == slot.shape[0] and shape[2:] == slot.shape[1:])
-    if (shape != slot.shape and not blocks) or tensor.dtype != torch_dtype(slot.dtype):
+    if tensor.dtype != torch_dtype(slot.dtype) or (shape != slot.shape and not _row_blocks(shape, slot.shape)):
         raise ValueError(f"{slot.name}: trainer gives {tuple(tensor.shape)} {tensor.dtype}, the plan says "
                          f"{slot.shape} {slot.dtype}; rebuild the plan for the current layout")
+
+
+def _row_blocks(shape: torch.Size, want: tuple[int, ...]) -> bool:
+    return len(want) >= 1 and len(shape) == len(want) + 1 and shape[0] * shape[1] == want[0] and shape[2:] == want[1:]
 
 
 def zero_padding(bucket: Bucket, flat: torch.Tensor) -> None:
@@ -106,10 +108,6 @@ def slot_view(slot: Slot, flat: torch.Tensor, shape=None) -> torch.Tensor:
     return flat[slot.offset:slot.offset + slot.nbytes].view(torch_dtype(slot.dtype)).view(shape or slot.shape)
 
 
-def unpack_views(bucket: Bucket, flat: torch.Tensor) -> list[torch.Tensor]:
-    """Views into ``flat``, one per slot, with the slot's shape and dtype (no copy)."""
-    return [slot_view(s, flat) for s in bucket.slots]
-
-
 def unpack(bucket: Bucket, flat: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
-    return [(s.name, v) for s, v in zip(bucket.slots, unpack_views(bucket, flat))]
+    """(name, view into ``flat`` with the slot's shape and dtype) per slot (no copy)."""
+    return [(s.name, slot_view(s, flat)) for s in bucket.slots]
