@@ -4,7 +4,8 @@ Trainer side: one spawned process holds a ``MegatronPolicy`` (TP=1, bf16) of a Q
 (16 x 2048, GQA 16/4, 0.86B, 1.7 GB) or ~7B (32 x 4096, MHA, 6.7B, 13.5 GB) parameters, exports through
 ``iter_hf_weights`` and sends with ``send_weights``. Receiver side: ``vllm.LLM`` (enforce_eager, bf16) with
 the ``WeightReceiver`` extension, driven by ``WeightTransferCoordinator`` through ``collective_rpc``
-(connect, receive, verify bucket checksums, reload_weights). Transports:
+(connect, receive, verify bucket checksums, load by ``--load``: vLLM's ``reload_weights`` or the model's own
+``load_weights`` in place). Transports:
 
 - ``--transport broadcast`` (default): trainer on GPU 0, vLLM on GPU 1, NCCL. Baseline: the same bytes in
   the same message sizes broadcast bare (two processes, torch.distributed NCCL, cuda events, median).
@@ -21,6 +22,7 @@ bf16 tolerance.
     python benchmarks/bench_gpu_transfer.py --sizes 1b                    # the small model only
     python benchmarks/bench_gpu_transfer.py --transport cuda_ipc          # one GPU, 1b
     python benchmarks/bench_gpu_transfer.py --transport cuda_ipc --sizes 1b,7b --trainer model
+    python benchmarks/bench_gpu_transfer.py --transport cuda_ipc --load reload,direct   # both load paths
     python benchmarks/bench_gpu_transfer.py --dry-run                     # CPU: tiny model, gloo, vLLM on CPU
 
 GB = 1e9 bytes. "transfer s" is the coordinator's wall time of one update's transfer (senders'
@@ -443,8 +445,6 @@ def logprob_diff(a: list[list[float]], b: list[list[float]]) -> tuple[float, flo
 # ------------------------------------------------------------------------------------------------ one size
 
 def run_size(size: str, args, cuda: bool, work: Path) -> dict:
-    from weight_transfer.config import WeightTransferConfig
-    from weight_transfer.coordinator import WeightTransferCoordinator
     from weight_transfer.replicas import LLMReplica
 
     t_size = time.perf_counter()
@@ -473,43 +473,19 @@ def run_size(size: str, args, cuda: bool, work: Path) -> dict:
         print(f"[{size}] {what} {built['params'] / 1e9:.2f}B params built+updated in {built['seconds']:.1f} s", flush=True)
         before = vllm_logprobs(llm)
         replica = LLMReplica(llm, "vllm")
-        rows = []
-        for mb in args.buckets:
-            plan = plans[mb]
-            trainer.plan = plan
-            config = WeightTransferConfig(transport={"type": args.transport}, bucket_size_mb=mb, timeout_s=args.timeout)
-            coordinator = WeightTransferCoordinator(config, plan, [replica], trainer)
-            transfer, load, sender = [], [], []
-            for i in range(args.reps + 1):
-                metrics = coordinator.update(len(rows) * 100 + i + 1)
-                if metrics["weight_transfer/retries"] or metrics["weight_transfer/quarantined"]:
-                    raise RuntimeError(f"[{size}] {mb} MiB: update needed retries or quarantined: {metrics}")
-                if i:  # the first update of a session sets up the NCCL communicators
-                    transfer.append(metrics["weight_transfer/transfer_seconds"])
-                    load.append(metrics["weight_transfer/load_seconds"])
-                    sender.append(trainer.last_sender_seconds[-1])
-            trainer.disconnect()
-            replica.call("wt_close_transport", {}, 60)
-            seconds, bare_s = statistics.median(transfer), bare[mb]
-            row = dict(size=size, bucket_mb=mb, buckets=len(plan.buckets), bytes=plan.nbytes, transfer_s=seconds,
-                       sender_s=statistics.median(sender), load_s=statistics.median(load),
-                       gbps=plan.nbytes / seconds / 1e9, bare_s=bare_s, bare_gbps=plan.nbytes / bare_s / 1e9)
-            row["ratio"] = row["gbps"] / row["bare_gbps"]
-            rows.append(row)
-            print(format_row(row), flush=True)
-        assert replica.serving
-        after = vllm_logprobs(llm)
-        moved = logprob_diff(before, built["logprobs"])
-        floor = logprob_diff(before, built["loaded_logprobs"])  # the two engines on the same weights from disk
-        diff = logprob_diff(after, built["logprobs"])
-        tol_max, tol_mean = max(LOGPROB_TOL_MAX, FLOOR_FACTOR * floor[0]), max(LOGPROB_TOL_MEAN, FLOOR_FACTOR * floor[1])
-        logprobs = dict(max=diff[0], mean=diff[1], before_max=moved[0], before_mean=moved[1], floor_max=floor[0],
-                        floor_mean=floor[1], tol_max=tol_max, tol_mean=tol_mean,
-                        ok=diff[0] <= tol_max and diff[1] <= tol_mean and moved[0] > 2 * diff[0])
-        print(f"[{size}] vLLM vs megatron log-probs after the update: max {diff[0]:.4f} mean {diff[1]:.4f} nats; "
-              f"on the checkpoint both loaded from disk: max {floor[0]:.4f} mean {floor[1]:.4f} (tolerance max "
-              f"{tol_max:.3f}, mean {tol_mean:.3f}); before the update: max {moved[0]:.4f} mean {moved[1]:.4f} "
-              f"-> {'OK' if logprobs['ok'] else 'FAIL'}", flush=True)
+        rows, logprobs = [], {}
+        for n, load in enumerate(args.load):
+            if n:  # back to the checkpoint (vLLM reads it from disk), so this mode's own updates must move the weights
+                llm.collective_rpc("reload_weights")
+            how = replica.call("wt_describe", {"load": load}, 60)[0]
+            if how["load_error"]:
+                raise SystemExit(f"--load {load}: {how['load_error']}")
+            for mb in args.buckets:
+                rows.append(run_bucket_size(size, mb, plans[mb], bare[mb], load, how["load"], args, replica, trainer,
+                                            first_version=len(rows) * 100 + 1))
+                print(format_row(rows[-1]), flush=True)
+            assert replica.serving
+            logprobs[load] = check_logprobs(size, load, before, vllm_logprobs(llm), built)
         return dict(rows=rows, logprobs=logprobs, seconds=time.perf_counter() - t_size)
     finally:
         if llm is not None:
@@ -517,17 +493,61 @@ def run_size(size: str, args, cuda: bool, work: Path) -> dict:
         trainer.shutdown()
 
 
+def run_bucket_size(size: str, mb: int, plan, bare_s: float, load: str, loads_by: str, args, replica, trainer,
+                    first_version: int) -> dict:
+    """One table row: ``--reps`` timed updates (after a warm-up) at ``mb`` MiB buckets, loaded by ``load``."""
+    from weight_transfer.config import WeightTransferConfig
+    from weight_transfer.coordinator import WeightTransferCoordinator
+
+    trainer.plan = plan
+    config = WeightTransferConfig(transport={"type": args.transport}, bucket_size_mb=mb, timeout_s=args.timeout, load=load)
+    coordinator = WeightTransferCoordinator(config, plan, [replica], trainer)
+    transfer, loaded, sender = [], [], []
+    for i in range(args.reps + 1):
+        metrics = coordinator.update(first_version + i)
+        if metrics["weight_transfer/retries"] or metrics["weight_transfer/quarantined"]:
+            raise RuntimeError(f"[{size}] {mb} MiB: update needed retries or quarantined: {metrics}")
+        if i:  # the first update of a session sets up the NCCL communicators
+            transfer.append(metrics["weight_transfer/transfer_seconds"])
+            loaded.append(metrics["weight_transfer/load_seconds"])
+            sender.append(trainer.last_sender_seconds[-1])
+    trainer.disconnect()
+    replica.call("wt_close_transport", {}, 60)
+    seconds = statistics.median(transfer)
+    row = dict(size=size, bucket_mb=mb, buckets=len(plan.buckets), bytes=plan.nbytes, transfer_s=seconds,
+               sender_s=statistics.median(sender), load=loads_by, load_s=statistics.median(loaded),
+               gbps=plan.nbytes / seconds / 1e9, bare_s=bare_s, bare_gbps=plan.nbytes / bare_s / 1e9)
+    row["ratio"] = row["gbps"] / row["bare_gbps"]
+    return row
+
+
+def check_logprobs(size: str, load: str, before: list, after: list, built: dict) -> dict:
+    """vLLM's log-probs ``after`` the updates loaded by ``load`` against megatron's on the updated weights."""
+    moved = logprob_diff(before, built["logprobs"])
+    floor = logprob_diff(before, built["loaded_logprobs"])  # the two engines on the same weights from disk
+    diff = logprob_diff(after, built["logprobs"])
+    tol_max, tol_mean = max(LOGPROB_TOL_MAX, FLOOR_FACTOR * floor[0]), max(LOGPROB_TOL_MEAN, FLOOR_FACTOR * floor[1])
+    result = dict(max=diff[0], mean=diff[1], before_max=moved[0], before_mean=moved[1], floor_max=floor[0],
+                  floor_mean=floor[1], tol_max=tol_max, tol_mean=tol_mean,
+                  ok=diff[0] <= tol_max and diff[1] <= tol_mean and moved[0] > 2 * diff[0])
+    print(f"[{size}] load={load}: vLLM vs megatron log-probs after the updates: max {diff[0]:.4f} mean {diff[1]:.4f} "
+          f"nats; on the checkpoint both loaded from disk: max {floor[0]:.4f} mean {floor[1]:.4f} (tolerance max "
+          f"{tol_max:.3f}, mean {tol_mean:.3f}); before the update: max {moved[0]:.4f} mean {moved[1]:.4f} "
+          f"-> {'OK' if result['ok'] else 'FAIL'}", flush=True)
+    return result
+
+
 # ------------------------------------------------------------------------------------------------- output
 
 BASELINE = {"broadcast": "bare broadcast, NCCL GPU0 -> GPU1 (gloo in --dry-run)", "cuda_ipc": "device-to-device copy on GPU 0"}
-HEADER = ("| model | bucket | buckets | bytes | transfer s | sender s | GB/s | baseline s | baseline GB/s | ratio | vLLM load s |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|")
+HEADER = ("| model | bucket | buckets | bytes | transfer s | sender s | GB/s | baseline s | baseline GB/s | ratio | vLLM load | load s |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def format_row(r: dict) -> str:
     return (f"| {r['size']} | {r['bucket_mb']} MiB | {r['buckets']} | {r['bytes'] / 1e9:.3f} GB | {r['transfer_s']:.4f} "
             f"| {r['sender_s']:.4f} | {r['gbps']:.1f} | {r['bare_s']:.4f} | {r['bare_gbps']:.1f} | {r['ratio']:.0%} "
-            f"| {r['load_s']:.3f} |")
+            f"| {r['load']} | {r['load_s']:.3f} |")
 
 
 def print_table(results: dict, target: float, transport: str) -> bool:
@@ -544,12 +564,15 @@ def print_table(results: dict, target: float, transport: str) -> bool:
         hit = all(r["ratio"] >= target for r in big)
         ratios = ", ".join("%d MiB %.0f%%" % (r["bucket_mb"], 100 * r["ratio"]) for r in big) or "no bucket >= 1 GiB"
         print(f"{size}: bandwidth target {'met' if hit else 'MISSED'} ({ratios}); "
-              f"log-probs {'OK' if res['logprobs']['ok'] else 'FAIL'}; {res['seconds']:.0f} s")
-        ok = ok and res["logprobs"]["ok"]
+              f"log-probs {', '.join(f'load={k} ' + ('OK' if v['ok'] else 'FAIL') for k, v in res['logprobs'].items())}; "
+              f"{res['seconds']:.0f} s")
+        ok = ok and all(v["ok"] for v in res["logprobs"].values())
     return ok
 
 
 def _parse(argv=None):
+    from weight_transfer.config import LOAD_MODES
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--transport", default="broadcast", choices=("broadcast", "cuda_ipc"),
                    help="broadcast: NCCL from GPU 0 to vLLM on GPU 1; cuda_ipc: both on GPU 0")
@@ -564,6 +587,9 @@ def _parse(argv=None):
     p.add_argument("--trainer", default="policy", choices=("policy", "model"),
                    help="policy: a MegatronPolicy (model, gradients, optimizer); model: the megatron model's weights "
                         "alone, exported the same way (7b with cuda_ipc: the policy does not fit beside vLLM)")
+    p.add_argument("--load", default="auto",
+                   help="weight_transfer.load modes, comma-separated (auto, reload, direct); vLLM goes back to the "
+                        "checkpoint between modes so each one's updates are checked")
     p.add_argument("--timeout", type=float, default=300.0, help="transport timeout, seconds")
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--workdir", default=None, help="where the random checkpoints go (default: a temp dir)")
@@ -581,6 +607,10 @@ def _parse(argv=None):
         p.error("--sizes 7b with --transport cuda_ipc: a 7B policy with its optimizer (~120 GB) and vLLM do "
                 "not fit on one H200; add --trainer model (the megatron model's weights alone)")
     args.buckets = [int(b) for b in args.buckets.split(",")]
+    args.load = [m.strip() for m in args.load.split(",") if m.strip()]
+    for m in args.load:
+        if m not in LOAD_MODES:
+            p.error(f"--load: unknown {m!r}; use one of {LOAD_MODES}")
     if args.dry_run:
         args.sizes, args.reps, args.bare_reps = ["tiny"], 1, 2
         args.buckets = [b for b in args.buckets if b <= 1] or [1]

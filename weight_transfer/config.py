@@ -7,6 +7,7 @@ from typing import Literal
 
 PAUSE_MODES = ("keep", "abort", "wait")
 VERIFY_MODES = ("bucket_checksum", "tensor_equality")
+LOAD_MODES = ("auto", "reload", "direct")
 
 
 @dataclass
@@ -89,6 +90,11 @@ class WeightTransferConfig:
     """How generation pauses around the load: keep (freeze, keep KV), abort, or wait (drain)."""
     verify: str = "bucket_checksum"
     """bucket_checksum (fast) or tensor_equality (SHA-256 of every tensor, for debugging)."""
+    load: str = "auto"
+    """How a replica loads what arrived: reload (vLLM's ``reload_weights``: restores the checkpoint layout,
+    loads, re-runs vLLM's processing after loading; any model), direct (the model's ``load_weights`` writes
+    the parameters in place; only where vLLM processes nothing after loading: unquantized, no MLA or fused
+    MoE, on CUDA) or auto (direct where it is valid, else reload)."""
     max_retries: int = 2
     """Attempts after the first for a replica whose transfer failed before it is quarantined."""
     timeout_s: float = 300.0
@@ -102,6 +108,8 @@ class WeightTransferConfig:
             raise ValueError(f"weight_transfer.pause_mode={self.pause_mode!r}: use one of {PAUSE_MODES}")
         if self.verify not in VERIFY_MODES:
             raise ValueError(f"weight_transfer.verify={self.verify!r}: use one of {VERIFY_MODES}")
+        if self.load not in LOAD_MODES:
+            raise ValueError(f"weight_transfer.load={self.load!r}: use one of {LOAD_MODES}")
         if self.max_retries < 0:
             raise ValueError(f"weight_transfer.max_retries={self.max_retries}: must be >= 0")
         if self.timeout_s <= 0:

@@ -112,7 +112,13 @@ class WeightTransferCoordinator:
         workers = {}
         for replica in targets:
             try:
-                workers[replica.name] = len(replica.call("wt_describe", {}, self.config.timeout_s))
+                described = replica.call("wt_describe", {"load": self.config.load}, self.config.timeout_s)
+                refused = next((d["load_error"] for d in described if d["load_error"]), None)
+                if refused:  # a config error, not a replica fault: nothing was sent, every replica keeps serving
+                    raise ValueError(f"weight_transfer.load={self.config.load}: replica {replica.name}: {refused}; "
+                                     "use weight_transfer.load=auto (direct where valid) or reload")
+                log.info("weight_transfer: replica %s loads by %s", replica.name, sorted({d["load"] for d in described}))
+                workers[replica.name] = len(described)
                 if self._plan_sent.get(replica.name) != self.plan.fingerprint:
                     replica.call("wt_set_plan", {"plan": self.plan.to_json()}, self.config.timeout_s)
                     self._plan_sent[replica.name] = self.plan.fingerprint

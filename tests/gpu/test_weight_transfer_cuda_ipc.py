@@ -113,24 +113,33 @@ def test_cuda_ipc_bandwidth_against_device_copy(size):
     assert gbps >= 0.5 * base, f"cuda_ipc handoff reached {gbps:.0f} GB/s, below half of the D2D copy's {base:.0f} GB/s"
 
 
-def test_cuda_ipc_update_reaches_vllm_on_the_same_gpu(tmp_path):
+@pytest.mark.parametrize("load", ["reload", "direct"])
+def test_cuda_ipc_update_reaches_vllm_on_the_same_gpu(tmp_path, load):
     sys.path.insert(0, str(Path(__file__).parents[1] / "integration" / "weight_transfer"))
     from megatron_rl.tiny import make_tiny_model
     from weight_transfer.coordinator import WeightTransferCoordinator
     from weight_transfer.local_senders import LocalSenders
     from weight_transfer.replicas import LLMReplica
-    from wt_helpers import PerturbedWeights, close_llm, hf_logprobs, make_llm, max_diff, perturbed, plan_for, vllm_logprobs
+    from wt_helpers import PerturbedWeights, checkpoint, close_llm, hf_logprobs, make_llm, max_diff, perturbed, plan_for, vllm_logprobs
 
     model = make_tiny_model("qwen3", size="unit", seed=0)
     plan = plan_for(model, tp=1, bucket_bytes=1 << 20)
     llm = make_llm(model)
     senders = LocalSenders(plan, PerturbedWeights(model), device="cuda")
     try:
-        config = WeightTransferConfig(transport={"type": "cuda_ipc"}, bucket_size_mb=1, timeout_s=120)
-        metrics = WeightTransferCoordinator(config, plan, [LLMReplica(llm, "r0")], senders).update(1)
-        diff = max_diff(vllm_logprobs(llm), hf_logprobs(model, perturbed(model, 1), tmp_path))
-        print(f"\ncuda_ipc into vLLM: {metrics}; log-prob max diff vs transformers {diff:.2e}")
-        assert diff < 0.05, f"vLLM after the update differs from transformers by {diff}"
+        config = WeightTransferConfig(transport={"type": "cuda_ipc"}, bucket_size_mb=1, timeout_s=120, load=load)
+        replica = LLMReplica(llm, "r0")
+        assert replica.call("wt_describe", {"load": "auto"}, 60)[0]["load"] == "direct", "a dense bf16 model on CUDA loads in place"
+        coordinator = WeightTransferCoordinator(config, plan, [replica], senders)
+        previous = hf_logprobs(model, checkpoint(model), tmp_path)
+        for version in (1, 2):  # the second update must move the weights again, not only the first
+            metrics = coordinator.update(version)
+            expected = hf_logprobs(model, perturbed(model, version), tmp_path)
+            diff = max_diff(vllm_logprobs(llm), expected)
+            print(f"\ncuda_ipc into vLLM, load={load}, version {version}: {metrics}; log-prob max diff vs transformers {diff:.2e}")
+            assert diff < 0.05, f"load={load}: vLLM after update {version} differs from transformers by {diff}"
+            assert max_diff(previous, expected) > 2 * diff, "the versions must differ by more than the tolerance"
+            previous = expected
     finally:
         senders.disconnect()
         close_llm(llm)
@@ -141,8 +150,9 @@ def test_cuda_ipc_from_a_megatron_policy_into_vllm_on_the_same_gpu(tmp_path):
     ``benchmarks/bench_gpu_transfer.py --transport cuda_ipc``; its table holds GB/s against D2D copies."""
     from test_multi_gpu_transfer import run_transfer_bench
 
-    res = run_transfer_bench(tmp_path, "--transport", "cuda_ipc")
-    print("\n" + "\n".join(f"{r['bucket_mb']} MiB: {r['gbps']:.0f} GB/s = {r['ratio']:.0%} of D2D" for r in res["rows"]))
+    res = run_transfer_bench(tmp_path, "--transport", "cuda_ipc", "--load", "reload,direct")
+    print("\n" + "\n".join(f"{r['bucket_mb']} MiB: {r['gbps']:.0f} GB/s = {r['ratio']:.0%} of D2D, loaded by {r['load']} "
+                            f"in {r['load_s'] * 1e3:.0f} ms" for r in res["rows"]))
 
 
 def test_cuda_ipc_from_a_7b_megatron_model_into_vllm_on_the_same_gpu(tmp_path):

@@ -32,6 +32,8 @@ def test_config_names_the_bad_key():
         WeightTransferConfig(transport={"type": "carrier_pigeon"})
     with pytest.raises(ValueError, match="weight_transfer.pause_mode"):
         WeightTransferConfig(pause_mode="later")
+    with pytest.raises(ValueError, match="weight_transfer.load='inplace': use one of"):
+        WeightTransferConfig(load="inplace")
     assert WeightTransferConfig(transport={"type": "shared_memory", "dir": "/tmp"}).resolved_transport.dir == "/tmp"
 
 

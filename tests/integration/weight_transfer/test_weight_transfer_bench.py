@@ -26,5 +26,6 @@ def test_gpu_transfer_benchmark_dry_run(tmp_path, trainer):
     res = json.loads(out.read_text())["results"]["tiny"]
     (row,) = res["rows"]
     assert row["buckets"] > 1 and row["bytes"] > 1e6 and row["gbps"] > 0
-    lp = res["logprobs"]
+    assert row["load"] == "reload", "vLLM on CPU repacks its weights: auto must load through reload_weights"
+    lp = res["logprobs"]["auto"]
     assert lp["ok"] and lp["before_max"] > 2 * lp["max"], lp

@@ -105,6 +105,23 @@ def test_sender_killed_mid_transfer_leaves_old_weights_and_the_run_retries(fleet
     assert _versions(fleet, fleet.replicas, [0, 1, 2]) == {"r0": 2, "r1": 2}
 
 
+def test_an_in_place_load_the_replicas_cannot_do_is_refused_before_anything_moves(fleet):
+    """vLLM on CPU repacks linear weights after loading, so ``load=direct`` (in-place writes) is refused up front."""
+    before = _versions(fleet, fleet.replicas, [0, 1, 2])
+    config = WeightTransferConfig(transport={"type": "broadcast"}, bucket_size_mb=1, timeout_s=30, load="direct")
+    senders = LocalSenders(fleet.plan, PerturbedWeights(fleet.model))
+    coordinator = WeightTransferCoordinator(config, fleet.plan, fleet.replicas, senders)
+    try:
+        with pytest.raises(ValueError, match=r"weight_transfer\.load=direct: replica r0: .*repacks.*load=auto"):
+            coordinator.update(4)
+    finally:
+        senders.disconnect()
+    assert all(r.serving for r in fleet.replicas) and coordinator.quarantined == {}
+    assert _versions(fleet, fleet.replicas, [0, 1, 2]) == before
+    described = fleet.replicas[0].call("wt_describe", {"load": "auto"}, 30)
+    assert [d["load"] for d in described] == ["reload"], "auto must fall back to reload_weights on CPU"
+
+
 def _kill_when(flag, pid: int, timeout_s: float = 300.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not flag.exists() and time.monotonic() < deadline:
