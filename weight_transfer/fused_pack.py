@@ -44,6 +44,8 @@ TILE_WORDS = 1 << 14  # words one program copies (128 KiB): tensors are cut into
 BLOCK = 1024  # words per loop iteration of a program
 WARPS = 8  # H200, 1B and 7B tensor sets: 2**13-2**15-word tiles, 1024-4096-word blocks, 4-16 warps; this was as fast as any
 _MAX_ENTRIES = 4096  # tensors per launch (the grid's second dimension)
+_MAX_TABLES = 4096  # device-resident group tables kept across versions (a few KiB each)
+_TABLES: dict[tuple, torch.Tensor] = {}
 
 
 def usable(flat: torch.Tensor) -> bool:
@@ -88,10 +90,25 @@ class FusedPack:
         if tiles:
             aligned = all(address % 16 == 0 and (runs == 1 or (run % 2 == 0 and stride % 2 == 0))
                           for address, _, run, stride, runs in self.pending)
-            table = torch.tensor(list(zip(*self.pending)), dtype=torch.int64).to(self.flat.device, non_blocking=True)
+            table = _device_table(self.pending, self.flat.device)
             _copy_and_sum[(tiles, count)](table, count, self.words, self.sums, TILE=TILE_WORDS, BLOCK=BLOCK,
                                           CHUNK=CHUNK_WORDS, ALIGNED=aligned, num_warps=WARPS)
         self.pending, self.alive, self.pending_bytes = [], [], 0
+
+
+def _device_table(pending: list[tuple[int, int, int, int, int]], device: torch.device) -> torch.Tensor:
+    """``pending`` as the kernel's [5, count] table on ``device``. A trainer's exported tensors keep their
+    addresses from one update to the next, so each group's table is the same every version: it is kept on
+    the device, keyed by its own contents, and uploaded (from pinned memory, not waiting for the GPU) only
+    the first time."""
+    key = (device, tuple(pending))
+    table = _TABLES.get(key)
+    if table is None:
+        if len(_TABLES) >= _MAX_TABLES:  # another layout or model: drop the old ones
+            _TABLES.clear()
+        host = torch.tensor(list(zip(*pending)), dtype=torch.int64).pin_memory()
+        table = _TABLES[key] = host.to(device, non_blocking=True)
+    return table
 
 
 def _entry(tensor: torch.Tensor, device: torch.device) -> tuple[int, int, int, int] | None:

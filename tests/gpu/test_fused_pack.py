@@ -79,3 +79,26 @@ def test_fused_pack_sums_wrap_like_torch():
     filling = _OpenBucket(bucket, flat)
     filling.add("w", words)
     assert torch.equal(filling.checksum_words(), checksum_words(flat))
+
+
+def test_group_tables_stay_on_the_device_across_versions(monkeypatch):
+    """The second version of the same tensors (same addresses, new values) reuses every group's table and
+    still packs the new values."""
+    monkeypatch.setattr(fused_pack, "GROUP_BYTES", 1 << 20)
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    tensors = {n: t for n, t in _sources(gen).items() if t.is_cuda}
+    buckets = assign_buckets([_Entry(s) for s in _specs(tensors)], 4 << 20)
+    flats = {b.index: torch.empty(b.nbytes, dtype=torch.uint8, device="cuda") for b in buckets}
+    for version in range(2):
+        tables = len(fused_pack._TABLES)
+        for bucket in buckets:
+            filling = _OpenBucket(bucket, flats[bucket.index])
+            for slot in bucket.slots:
+                filling.add(slot.name, tensors[slot.name])
+            got = filling.checksum_words()
+            want = pack(bucket, tensors, torch.empty(bucket.nbytes, dtype=torch.uint8, device="cuda"))
+            assert torch.equal(flats[bucket.index], want) and torch.equal(got, checksum_words(want)), f"version {version}"
+        if version:
+            assert len(fused_pack._TABLES) == tables, "the same tensors must reuse their group tables"
+        for t in tensors.values():  # an optimizer step: new values in place
+            t.add_(1)
