@@ -62,7 +62,8 @@ class FusedPack:
         self.sums = torch.zeros(2, dtype=torch.int64, device=flat.device)
         self.pending: list[tuple[int, int, int, int, int]] = []  # (address, first slot word, run, stride, runs)
         self.alive: list[torch.Tensor] = []  # sources of pending entries, kept until their group is copied
-        self.pending_bytes = 0
+        self.pending_bytes = self.tiles = 0  # the launch's grid: (most tiles of any pending entry, entries)
+        self.aligned = True  # every pending source and run 16-byte aligned
 
     def add(self, slot: Slot, tensor: torch.Tensor) -> None:
         """Queue ``tensor`` for ``slot`` as one entry: contiguous, or row blocks (contiguous blocks along
@@ -75,6 +76,9 @@ class FusedPack:
         self.pending.append((address, slot.offset // 8, run, stride, runs))
         self.alive.append(tensor)
         self.pending_bytes += slot.nbytes
+        # plain integer division: triton.cdiv is a JIT function (~6 us a call from the host, 1B profile on the H200)
+        self.tiles = max(self.tiles, runs * -(-run // TILE_WORDS))
+        self.aligned = self.aligned and address % 16 == 0 and (runs == 1 or (run % 2 == 0 and stride % 2 == 0))
         if self.pending_bytes >= GROUP_BYTES or len(self.pending) >= _MAX_ENTRIES:
             self._launch()
 
@@ -86,14 +90,11 @@ class FusedPack:
         if not self.pending:
             return
         count = len(self.pending)
-        tiles = max(runs * triton.cdiv(run, TILE_WORDS) for _, _, run, _, runs in self.pending)
-        if tiles:
-            aligned = all(address % 16 == 0 and (runs == 1 or (run % 2 == 0 and stride % 2 == 0))
-                          for address, _, run, stride, runs in self.pending)
+        if self.tiles:
             table = _device_table(self.pending, self.flat.device)
-            _copy_and_sum[(tiles, count)](table, count, self.words, self.sums, TILE=TILE_WORDS, BLOCK=BLOCK,
-                                          CHUNK=CHUNK_WORDS, ALIGNED=aligned, num_warps=WARPS)
-        self.pending, self.alive, self.pending_bytes = [], [], 0
+            _copy_and_sum[(self.tiles, count)](table, count, self.words, self.sums, TILE=TILE_WORDS, BLOCK=BLOCK,
+                                               CHUNK=CHUNK_WORDS, ALIGNED=self.aligned, num_warps=WARPS)
+        self.pending, self.alive, self.pending_bytes, self.tiles, self.aligned = [], [], 0, 0, True
 
 
 def _device_table(pending: list[tuple[int, int, int, int, int]], device: torch.device) -> torch.Tensor:
