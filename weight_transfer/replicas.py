@@ -49,7 +49,10 @@ class LLMReplica:
             raise ReplicaDown(f"{self.name}: {method}: {type(err).__name__}: {err}") from err
 
     def pause(self, mode: str) -> None:
+        """Stop serving and drop the prefix cache, as the server's ``/pause`` does: blocks computed with
+        the old weights must not be reused once the new ones are loaded."""
         self.serving = False
+        self.llm.reset_prefix_cache()
 
     def resume(self) -> None:
         if self.quarantined is None:

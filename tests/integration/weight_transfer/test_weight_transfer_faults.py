@@ -122,6 +122,33 @@ def test_an_in_place_load_the_replicas_cannot_do_is_refused_before_anything_move
     assert [d["load"] for d in described] == ["reload"], "auto must fall back to reload_weights on CPU"
 
 
+def test_an_update_leaves_no_prefix_blocks_of_the_old_weights(fleet):
+    """A prompt cached before an update is recomputed after it: what a request reads through the prefix cache
+    equals what it computes from a cold cache (prompt log-probs alone would not show it: they skip the cache)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = fleet.llms[0]
+    prompt = TokensPrompt(prompt_token_ids=[(7 * i) % 1900 + 3 for i in range(200)])  # a whole 128-token CPU block
+    params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=0)
+
+    def next_token():
+        out = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+        return out.token_ids[0], out.logprobs[0][out.token_ids[0]].logprob
+
+    before = next_token()  # fills the cache under the current weights
+    senders = LocalSenders(fleet.plan, PerturbedWeights(fleet.model))
+    try:
+        WeightTransferCoordinator(CONFIG, fleet.plan, fleet.replicas, senders).update(5)
+    finally:
+        senders.disconnect()
+    after = next_token()
+    llm.reset_prefix_cache()
+    cold = next_token()
+    assert after[0] == cold[0] and abs(after[1] - cold[1]) < 1e-4, f"stale prefix blocks: {after} vs cold {cold}"
+    assert before != cold, "the update must change the next token's log-prob"
+
+
 def _kill_when(flag, pid: int, timeout_s: float = 300.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not flag.exists() and time.monotonic() < deadline:
