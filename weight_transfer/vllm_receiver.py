@@ -1,9 +1,9 @@
 """vLLM worker extension (a mixin): joins the transport, stages an update's buckets, verifies them and
 loads them through vLLM's own loading code, so fused, repacked and sharded layouts are vLLM's job: its
 ``reload_weights`` (any model), or, where vLLM processes nothing after loading, the model's ``load_weights``
-writing the parameters in place (``weight_transfer.load``). On the H200 the in-place load of a 7B model
-took ... ms against ... ms for ``reload_weights``, which restores the checkpoint layout layer by layer and
-copies each layer back.
+writing the parameters in place (``weight_transfer.load``). On the H200 (vLLM 0.26) the in-place load took
+23-36 ms for a 7B model and 8-12 ms for a 1B one, against 130-137 ms and 61-73 ms for ``reload_weights``,
+which puts each layer back in its checkpoint layout, loads it into new memory and copies it back.
 
 Every method takes one JSON string and returns a JSON-able dict, so the same calls work through
 ``LLM.collective_rpc`` and the server's dev-mode ``/collective_rpc`` route. Staging makes an update atomic:
