@@ -14,8 +14,8 @@ the ``WeightReceiver`` extension, driven by ``WeightTransferCoordinator`` throug
   on one H200 together: ``--trainer model`` holds the megatron model's weights alone (same load and
   export code) and makes ``--sizes 7b`` possible there.
 
-After the updates vLLM's prompt log-probs must match megatron's on the new (perturbed) weights within
-bf16 tolerance.
+After the updates vLLM's prompt log-probs must match megatron's and transformers' on the new (perturbed)
+weights within bf16 tolerance.
 
     export PYTHONPATH=/tmp/vsite:/tmp/site:$PWD
     python benchmarks/bench_gpu_transfer.py                               # 1b and 7b, 2 GPUs, NCCL
@@ -62,7 +62,8 @@ SHAPES = {  # layers, hidden, heads, kv heads, ffn, vocab
 # The fixed prompt (same tokens as the CPU weight-transfer tests).
 TOKENS = [[5, 17, 300, 42, 7, 999, 1234, 64, 88, 2000, 3, 11, 512, 77, 1500, 9],
           [101, 202, 303, 404, 505, 606, 707, 808, 909, 1010, 1111, 1212]]
-# vLLM (bf16, its kernels) vs megatron (bf16, local spec + SDPA) on the same weights, per prompt token, nats.
+# vLLM (bf16, its kernels) vs megatron (bf16, local spec + SDPA) or transformers (bf16) on the same weights, per
+# prompt token, nats.
 LOGPROB_TOL_MAX, LOGPROB_TOL_MEAN = 0.3, 0.05
 # ... or, where larger, this multiple of the two engines' difference on the checkpoint both loaded from disk
 # (no transfer involved): deeper random models drift further in bf16 (7B: mean 0.055 after the update).
@@ -337,7 +338,8 @@ class MegatronWeights:
 def _build_policy(state: dict, hf_dir: Path, cuda: bool, device, trainer: str = "policy") -> dict:
     """The trainer's model from the checkpoint (a ``MegatronPolicy``, or with ``trainer="model"`` the
     megatron model alone), then one stand-in update (noise on every matrix): the weights the transfers
-    carry. Returns megatron's log-probs of TOKENS with those weights."""
+    carry. Returns the log-probs of TOKENS, megatron's and transformers', on the checkpoint and on those
+    weights (transformers' from the exported HF tensors, loaded into the HF model)."""
     import torch
 
     from megatron_rl.algorithms.config import AlgorithmConfig
@@ -354,6 +356,8 @@ def _build_policy(state: dict, hf_dir: Path, cuda: bool, device, trainer: str = 
         policy = MegatronPolicy(hf_dir, cfg, AlgorithmConfig(), 0, 1, init_method)
     batch = batch_of(TOKENS, prompt_len=1)
     loaded = policy.compute_logprobs(batch)[0]  # the checkpoint's weights, as vLLM loads them from disk
+    hf_dtype = torch.bfloat16 if cuda else torch.float32
+    hf_loaded = transformers_logprobs(hf_dir, device, hf_dtype)
     gen = torch.Generator(device=device).manual_seed(1)
     with torch.no_grad():
         for p in policy.model.parameters():
@@ -363,8 +367,31 @@ def _build_policy(state: dict, hf_dir: Path, cuda: bool, device, trainer: str = 
     state["policy"] = policy
     rows = [logp[b, 1:len(t)].float().tolist() for b, t in enumerate(TOKENS)]
     loaded_rows = [loaded[b, 1:len(t)].float().tolist() for b, t in enumerate(TOKENS)]
-    return {"logprobs": rows, "loaded_logprobs": loaded_rows, "seconds": time.perf_counter() - start,
-            "params": sum(p.numel() for p in policy.model.parameters())}
+    hf_updated = transformers_logprobs(hf_dir, device, hf_dtype, dict(policy.export_weights()))
+    return {"references": {"megatron": {"updated": rows, "loaded": loaded_rows},
+                           "transformers": {"updated": hf_updated, "loaded": hf_loaded}},
+            "seconds": time.perf_counter() - start, "params": sum(p.numel() for p in policy.model.parameters())}
+
+
+def transformers_logprobs(hf_dir: Path, device, dtype, weights: dict | None = None) -> list[list[float]]:
+    """Transformers' log-probs of TOKENS with the checkpoint in ``hf_dir``, or with ``weights`` (every HF
+    tensor of it, by name) in its place; the model is freed before returning (vLLM sizes its cache later)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=dtype).to(device).eval()
+    if weights is not None:
+        model.load_state_dict(weights, strict=True)
+    rows = []
+    with torch.no_grad():
+        for t in TOKENS:
+            ids = torch.tensor([t], device=device)
+            logp = torch.log_softmax(model(ids).logits[0, :-1].float(), -1)
+            rows.append(logp.gather(-1, ids[0, 1:, None])[:, 0].tolist())
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return rows
 
 
 class TrainerSenders:
@@ -485,7 +512,7 @@ def run_size(size: str, args, cuda: bool, work: Path) -> dict:
                                             first_version=len(rows) * 100 + 1))
                 print(format_row(rows[-1]), flush=True)
             assert replica.serving
-            logprobs[load] = check_logprobs(size, load, before, vllm_logprobs(llm), built)
+            logprobs[load] = check_logprobs(size, load, before, vllm_logprobs(llm), built["references"])
         return dict(rows=rows, logprobs=logprobs, seconds=time.perf_counter() - t_size)
     finally:
         if llm is not None:
@@ -521,19 +548,24 @@ def run_bucket_size(size: str, mb: int, plan, bare_s: float, load: str, loads_by
     return row
 
 
-def check_logprobs(size: str, load: str, before: list, after: list, built: dict) -> dict:
-    """vLLM's log-probs ``after`` the updates loaded by ``load`` against megatron's on the updated weights."""
-    moved = logprob_diff(before, built["logprobs"])
-    floor = logprob_diff(before, built["loaded_logprobs"])  # the two engines on the same weights from disk
-    diff = logprob_diff(after, built["logprobs"])
-    tol_max, tol_mean = max(LOGPROB_TOL_MAX, FLOOR_FACTOR * floor[0]), max(LOGPROB_TOL_MEAN, FLOOR_FACTOR * floor[1])
-    result = dict(max=diff[0], mean=diff[1], before_max=moved[0], before_mean=moved[1], floor_max=floor[0],
-                  floor_mean=floor[1], tol_max=tol_max, tol_mean=tol_mean,
-                  ok=diff[0] <= tol_max and diff[1] <= tol_mean and moved[0] > 2 * diff[0])
-    print(f"[{size}] load={load}: vLLM vs megatron log-probs after the updates: max {diff[0]:.4f} mean {diff[1]:.4f} "
-          f"nats; on the checkpoint both loaded from disk: max {floor[0]:.4f} mean {floor[1]:.4f} (tolerance max "
-          f"{tol_max:.3f}, mean {tol_mean:.3f}); before the update: max {moved[0]:.4f} mean {moved[1]:.4f} "
-          f"-> {'OK' if result['ok'] else 'FAIL'}", flush=True)
+def check_logprobs(size: str, load: str, before: list, after: list, references: dict) -> dict:
+    """vLLM's log-probs ``after`` the updates loaded by ``load`` against each reference engine's (megatron,
+    transformers) on the updated weights; the tolerance grows with the two engines' difference on the
+    checkpoint both loaded from disk (``before``), and the update must move vLLM's log-probs measurably."""
+    result = {}
+    for engine, ref in references.items():
+        moved = logprob_diff(before, ref["updated"])
+        floor = logprob_diff(before, ref["loaded"])
+        diff = logprob_diff(after, ref["updated"])
+        tol_max, tol_mean = max(LOGPROB_TOL_MAX, FLOOR_FACTOR * floor[0]), max(LOGPROB_TOL_MEAN, FLOOR_FACTOR * floor[1])
+        result[engine] = dict(max=diff[0], mean=diff[1], before_max=moved[0], before_mean=moved[1], floor_max=floor[0],
+                              floor_mean=floor[1], tol_max=tol_max, tol_mean=tol_mean,
+                              ok=diff[0] <= tol_max and diff[1] <= tol_mean and moved[0] > 2 * diff[0])
+        print(f"[{size}] load={load}: vLLM vs {engine} log-probs after the updates: max {diff[0]:.4f} mean "
+              f"{diff[1]:.4f} nats; on the checkpoint both loaded from disk: max {floor[0]:.4f} mean {floor[1]:.4f} "
+              f"(tolerance max {tol_max:.3f}, mean {tol_mean:.3f}); before the update: max {moved[0]:.4f} mean "
+              f"{moved[1]:.4f} -> {'OK' if result[engine]['ok'] else 'FAIL'}", flush=True)
+    result["ok"] = all(r["ok"] for r in result.values())
     return result
 
 
@@ -557,7 +589,7 @@ def print_table(results: dict, target: float, transport: str) -> bool:
         for r in res["rows"]:
             print(format_row(r))
     print(f"\ntarget: >= {target:.0%} of the baseline at >= 1 GiB buckets; vLLM log-probs within "
-          f"max {LOGPROB_TOL_MAX} / mean {LOGPROB_TOL_MEAN} nats of megatron's (bf16 both sides), or {FLOOR_FACTOR}x "
+          f"max {LOGPROB_TOL_MAX} / mean {LOGPROB_TOL_MEAN} nats of megatron's and transformers' (bf16), or {FLOOR_FACTOR}x "
           "their difference on the checkpoint both loaded from disk where that is larger")
     for size, res in results.items():
         big = [r for r in res["rows"] if r["bucket_mb"] >= 1024]

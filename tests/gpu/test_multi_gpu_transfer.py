@@ -29,7 +29,8 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_gpu_transfer
 
 def run_transfer_bench(tmp_path: Path, *args: str, size: str = "1b", buckets: tuple[int, ...] = (64, 256, 1024, 4096)) -> dict:
     """Run the benchmark for model ``size`` at ``buckets`` (MiB) with ``args``; check every bucket size moved
-    the whole model and vLLM's log-probs after the updates match megatron's (and moved). Returns its results."""
+    the whole model and vLLM's log-probs after the updates match megatron's and transformers' (and moved).
+    Returns its results."""
     out = tmp_path / "result.json"
     env = {**os.environ, "NCCL_NVLS_ENABLE": "0"}
     command = [sys.executable, str(BENCH), "--sizes", size, "--buckets", ",".join(map(str, buckets)), "--json", str(out), *args]
@@ -40,9 +41,11 @@ def run_transfer_bench(tmp_path: Path, *args: str, size: str = "1b", buckets: tu
     assert [r["bucket_mb"] for r in res["rows"]] == list(buckets) * len(res["logprobs"])
     for row in res["rows"]:
         assert row["bytes"] > 1.6e9 and row["gbps"] > 0
-    for load, lp in res["logprobs"].items():
-        assert lp["max"] <= lp["tol_max"] and lp["mean"] <= lp["tol_mean"], f"load={load}: vLLM vs megatron log-probs: {lp}"
-        assert lp["before_max"] > 2 * lp["max"], f"load={load}: the update must move vLLM's log-probs measurably: {lp}"
+    for load, checks in res["logprobs"].items():
+        for engine in ("megatron", "transformers"):
+            lp = checks[engine]
+            assert lp["max"] <= lp["tol_max"] and lp["mean"] <= lp["tol_mean"], f"load={load}: vLLM vs {engine}: {lp}"
+            assert lp["before_max"] > 2 * lp["max"], f"load={load}: the update must move vLLM's log-probs measurably: {lp}"
     assert proc.returncode == 0
     return res
 
