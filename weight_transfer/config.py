@@ -87,7 +87,8 @@ class WeightTransferConfig:
     bucket_size_mb: int = 512
     """Size of one flat bucket in MiB; a larger tensor travels alone in its own bucket."""
     pause_mode: str = "keep"
-    """How generation pauses around the load: keep (freeze, keep KV), abort, or wait (drain)."""
+    """How generation pauses around the load: keep (freeze in-flight requests; they resume on KV recomputed
+    with the new weights), abort, or wait (drain)."""
     verify: str = "bucket_checksum"
     """bucket_checksum (fast) or tensor_equality (SHA-256 of every tensor, for debugging)."""
     load: str = "auto"

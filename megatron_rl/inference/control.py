@@ -37,7 +37,8 @@ class ControlPlane:
         return {r.url: res for r, res in zip(targets, results)}
 
     async def pause(self, mode: PauseMode = "keep") -> None:
-        """keep: freeze in-flight requests and their KV; abort: end them now with partial outputs
+        """keep: freeze in-flight requests (vLLM's pause also drops the KV and prefix caches, so they resume by
+        recomputing their KV, under the weights loaded meanwhile); abort: end them now with partial outputs
         (finish reason abort); wait: return once they have all finished. New requests queue."""
         if mode not in ("keep", "abort", "wait"):
             raise ValueError(f"pause mode {mode!r}: use keep, abort or wait")
