@@ -69,6 +69,10 @@ LOGPROB_TOL_MAX, LOGPROB_TOL_MEAN = 0.3, 0.05
 # (no transfer involved): deeper random models drift further in bf16 (7B: mean 0.055 after the update).
 FLOOR_FACTOR = 1.5
 RECEIVER = "weight_transfer.vllm_receiver.WeightReceiver"
+# The transfer's legs as the coordinator times them (medians kept in the JSON rows): the trainer's send call
+# as the coordinator sees it (``sender s`` is the trainer's own time inside it), vLLM's receive call, and
+# the time the worker spent inside that call (the rest is collective_rpc's own).
+LEGS = ("send", "receive", "receive_worker")
 INIT_STD, UPDATE_STD = 0.02, 0.01
 
 
@@ -510,7 +514,9 @@ def run_size(size: str, args, cuda: bool, work: Path) -> dict:
             for mb in args.buckets:
                 rows.append(run_bucket_size(size, mb, plans[mb], bare[mb], load, how["load"], args, replica, trainer,
                                             first_version=len(rows) * 100 + 1))
-                print(format_row(rows[-1]), flush=True)
+                r = rows[-1]
+                print(format_row(r) + f"  legs: send {r['send_s'] * 1e3:.2f} ms (trainer inside it {r['sender_s'] * 1e3:.2f}), "
+                      f"receive {r['receive_s'] * 1e3:.2f} ms (worker inside it {r['receive_worker_s'] * 1e3:.2f})", flush=True)
             assert replica.serving
             logprobs[load] = check_logprobs(size, load, before, vllm_logprobs(llm), built["references"])
         return dict(rows=rows, logprobs=logprobs, seconds=time.perf_counter() - t_size)
@@ -529,7 +535,7 @@ def run_bucket_size(size: str, mb: int, plan, bare_s: float, load: str, loads_by
     trainer.plan = plan
     config = WeightTransferConfig(transport={"type": args.transport}, bucket_size_mb=mb, timeout_s=args.timeout, load=load)
     coordinator = WeightTransferCoordinator(config, plan, [replica], trainer)
-    transfer, loaded, sender = [], [], []
+    transfer, loaded, sender, legs = [], [], [], {leg: [] for leg in LEGS}
     for i in range(args.reps + 1):
         metrics = coordinator.update(first_version + i)
         if metrics["weight_transfer/retries"] or metrics["weight_transfer/quarantined"]:
@@ -538,6 +544,8 @@ def run_bucket_size(size: str, mb: int, plan, bare_s: float, load: str, loads_by
             transfer.append(metrics["weight_transfer/transfer_seconds"])
             loaded.append(metrics["weight_transfer/load_seconds"])
             sender.append(trainer.last_sender_seconds[-1])
+            for leg, values in legs.items():
+                values.append(metrics[f"weight_transfer/{leg}_seconds"])
     trainer.disconnect()
     replica.call("wt_close_transport", {}, 60)
     seconds = statistics.median(transfer)
@@ -545,6 +553,7 @@ def run_bucket_size(size: str, mb: int, plan, bare_s: float, load: str, loads_by
                sender_s=statistics.median(sender), load=loads_by, load_s=statistics.median(loaded),
                gbps=plan.nbytes / seconds / 1e9, bare_s=bare_s, bare_gbps=plan.nbytes / bare_s / 1e9)
     row["ratio"] = row["gbps"] / row["bare_gbps"]
+    row.update({f"{leg}_s": statistics.median(values) for leg, values in legs.items()})
     return row
 
 

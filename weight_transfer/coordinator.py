@@ -42,6 +42,9 @@ class _Attempt:
     sender_error: str | None = None
     load_seconds: float = 0.0
     paused_at: float | None = None
+    legs: dict = field(default_factory=dict)
+    """Seconds of the transfer's legs: send (the senders' call), receive (the slowest replica's receive
+    call) and receive_worker (the longest a worker spent inside it; the rest of the call is the RPC's own)."""
 
     def fail(self, replica: Replica, error: str) -> None:
         self.errors[replica.name] = error
@@ -70,6 +73,8 @@ class WeightTransferCoordinator:
             attempt, transfer_s = self._attempt(version, pending)
             stats["transfer"] = max(stats["transfer"], transfer_s)
             stats["load"] = max(stats["load"], attempt.load_seconds)
+            for leg, seconds in attempt.legs.items():
+                stats[leg] = max(stats.get(leg, 0.0), seconds)
             pause_start = pause_start or attempt.paused_at
             for replica in attempt.ok:
                 self.versions[replica.name] = version
@@ -143,6 +148,8 @@ class WeightTransferCoordinator:
     def _transfer(self, version: int, targets: list[Replica], result: _Attempt) -> tuple[dict, list]:
         digests = self.config.verify == "tensor_equality"
         receive = {"version": version, "plan": self.plan.fingerprint}
+        start, ends = time.perf_counter(), {}
+
         def send():
             try:
                 return self.senders.send(version, digests)
@@ -150,11 +157,21 @@ class WeightTransferCoordinator:
                 log.error("weight_transfer: senders failed on version %d: %s (replicas wait up to "
                           "weight_transfer.timeout_s=%s s for the buckets)", version, err, self.config.timeout_s)
                 raise
+            finally:
+                ends["send"] = time.perf_counter()
 
-        calls = [send] + [(lambda r=r: r.call("wt_receive", receive, self._rpc_timeout)) for r in targets]
-        sent, *received = _run_all(calls)
+        def receive_on(replica):
+            try:
+                return replica.call("wt_receive", receive, self._rpc_timeout)
+            finally:
+                ends[replica.name] = time.perf_counter()
+
+        sent, *received = _run_all([send] + [(lambda r=r: receive_on(r)) for r in targets])
         if isinstance(sent, Exception):
             result.sender_error = f"{type(sent).__name__}: {sent}"
+        worker = [a["seconds"] for answer in received if isinstance(answer, list) for a in answer if a.get("ok")]
+        result.legs = {"send": ends["send"] - start, "receive": max(ends[r.name] for r in targets) - start,
+                       "receive_worker": max(worker, default=0.0)}
         return sent, received
 
     def _received(self, replica: Replica, answer, result: _Attempt) -> bool:
@@ -232,6 +249,9 @@ class WeightTransferCoordinator:
         nbytes = self.plan.nbytes
         return {"weight_transfer/seconds": seconds,
                 "weight_transfer/transfer_seconds": stats["transfer"],
+                "weight_transfer/send_seconds": stats.get("send", 0.0),
+                "weight_transfer/receive_seconds": stats.get("receive", 0.0),
+                "weight_transfer/receive_worker_seconds": stats.get("receive_worker", 0.0),
                 "weight_transfer/load_seconds": stats["load"],
                 "weight_transfer/bytes": float(nbytes),
                 "weight_transfer/gb_per_s": nbytes / stats["transfer"] / 1e9 if stats["transfer"] else 0.0,

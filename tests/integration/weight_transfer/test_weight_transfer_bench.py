@@ -28,6 +28,7 @@ def test_gpu_transfer_benchmark_dry_run(tmp_path, trainer):
     (row,) = res["rows"]
     assert row["buckets"] > 1 and row["bytes"] > 1e6 and row["gbps"] > 0
     assert row["load"] == "reload", "vLLM on CPU repacks its weights: auto must load through reload_weights"
+    assert 0 < row["receive_worker_s"] <= row["receive_s"] <= row["transfer_s"] and 0 < row["send_s"] <= row["transfer_s"], row
     checks = res["logprobs"]["auto"]
     assert checks["ok"], checks
     for engine in ("megatron", "transformers"):

@@ -38,6 +38,8 @@ def test_update_reaches_two_replicas_over_both_cpu_transports(arch, tmp_path):
                 senders.disconnect()
             assert metrics["weight_transfer/retries"] == 0 and metrics["weight_transfer/quarantined"] == 0
             assert metrics["weight_transfer/bytes"] == plan.nbytes
+            legs = [metrics[f"weight_transfer/{leg}_seconds"] for leg in ("receive_worker", "receive", "transfer")]
+            assert 0 < legs[0] <= legs[1] <= legs[2] and 0 < metrics["weight_transfer/send_seconds"] <= legs[2], metrics
             expected = hf_logprobs(model, perturbed(model, version), tmp_path)
             assert max_diff(expected, original) > 0.05, "the perturbation must move log-probs measurably"
             for replica in replicas:
