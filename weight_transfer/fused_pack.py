@@ -64,6 +64,7 @@ class FusedPack:
         self.alive: list[torch.Tensor] = []  # sources of pending entries, kept until their group is copied
         self.pending_bytes = self.tiles = 0  # the launch's grid: (most tiles of any pending entry, entries)
         self.aligned = True  # every pending source and run 16-byte aligned
+        self.launches: list[tuple] | None = []  # what :func:`replay` needs; None once a tensor was copied in by copy_
 
     def add(self, slot: Slot, tensor: torch.Tensor) -> None:
         """Queue ``tensor`` for ``slot`` as one entry: contiguous, or row blocks (contiguous blocks along
@@ -71,6 +72,7 @@ class FusedPack:
         entry = _entry(tensor, self.flat.device)
         if entry is None:
             slot_view(slot, self.flat, tensor.shape).copy_(tensor)
+            self.launches = None  # a replay would have to keep ``tensor`` alive to copy it again
             entry = (self.flat.data_ptr() + slot.offset, -(-slot.nbytes // 8), 0, 1)
         address, run, stride, runs = entry
         self.pending.append((address, slot.offset // 8, run, stride, runs))
@@ -91,10 +93,28 @@ class FusedPack:
             return
         count = len(self.pending)
         if self.tiles:
-            table = _device_table(self.pending, self.flat.device)
-            _copy_and_sum[(self.tiles, count)](table, count, self.words, self.sums, TILE=TILE_WORDS, BLOCK=BLOCK,
-                                               CHUNK=CHUNK_WORDS, ALIGNED=self.aligned, num_warps=WARPS)
+            launch = (_device_table(self.pending, self.flat.device), self.tiles, count, self.aligned)
+            _run(launch, self.words, self.sums)
+            if self.launches is not None:
+                self.launches.append(launch)
         self.pending, self.alive, self.pending_bytes, self.tiles, self.aligned = [], [], 0, 0, True
+
+
+def replay(flat: torch.Tensor, launches: list[tuple]) -> torch.Tensor:
+    """Pack ``flat`` again by the ``launches`` a :class:`FusedPack` made (its tables name the source
+    addresses, so the sources must be the same tensors at the same addresses, with new values or not);
+    returns the checksum words, as :meth:`FusedPack.checksum_words` does. No host work per tensor."""
+    sums = torch.zeros(2, dtype=torch.int64, device=flat.device)
+    words = flat.view(torch.int64)
+    for launch in launches:
+        _run(launch, words, sums)
+    return sums
+
+
+def _run(launch: tuple, words: torch.Tensor, sums: torch.Tensor) -> None:
+    table, tiles, count, aligned = launch
+    _copy_and_sum[(tiles, count)](table, count, words, sums, TILE=TILE_WORDS, BLOCK=BLOCK, CHUNK=CHUNK_WORDS,
+                                  ALIGNED=aligned, num_warps=WARPS)
 
 
 def _device_table(pending: list[tuple[int, int, int, int, int]], device: torch.device) -> torch.Tensor:

@@ -1,5 +1,12 @@
 """Trainer side: stream one rank's (hf_name, tensor) pairs into its planned buckets and send each bucket as
-soon as it is full, in plan order. Returns the checksums the coordinator compares with the replicas'."""
+soon as it is full, in plan order. Returns the checksums the coordinator compares with the replicas'.
+
+An export whose tensors are views of the trainer's parameters reads the same addresses every update; it
+says so with a ``static_key`` (see :class:`parallel.weights.hf_export.ExportedTensors`). Its CUDA pack is
+then recorded once and replayed while the key stays the same: the kernel launches alone, without the
+export's and the packing's Python per tensor (on the H200 that host work, not the copy, set the pace of a
+1B model's send).
+"""
 
 from __future__ import annotations
 
@@ -40,6 +47,15 @@ class _OpenBucket:
         """The bucket's checksum words once every slot is filled (the fused path copies its last group here)."""
         return self.fused.checksum_words() if self.fused is not None else checksum_words(self.flat)
 
+    def launches(self) -> list[tuple] | None:
+        """What :func:`fused_pack.replay` needs to pack this bucket again; None where it cannot."""
+        return self.fused.launches if self.fused is not None else None
+
+
+# (plan fingerprint, rank) -> (the export's static key, [(bucket, launches)]): the last recorded pack
+_RECORDED: dict[tuple[str, int], tuple[object, list[tuple[Bucket, list[tuple]]]]] = {}
+_MAX_RECORDED = 64
+
 
 def send_weights(plan: TransferPlan, rank: int, weights: Iterable[tuple[str, torch.Tensor]],
                  transport: SenderTransport | None, version: int, device: torch.device,
@@ -49,12 +65,22 @@ def send_weights(plan: TransferPlan, rank: int, weights: Iterable[tuple[str, tor
     The iterator is always exhausted (an exporter's collectives need every rank); a rank the plan gives no
     bucket may pass ``transport=None``.
 
-    Returns ``{"buckets": {index: checksum}, "tensors": {name: sha256}}`` (tensors only when ``digests``).
+    ``weights`` with a ``static_key`` that is not None promises the same tensors (names, addresses, shapes,
+    strides, dtypes) as every earlier export with that key: the rank's last recorded pack is replayed when
+    the key matches, and the iterator is not read (it runs no collectives: its tensors are local views).
+
+    Returns ``{"buckets": {index: checksum}, "tensors": {name: sha256}, "replayed": bool}`` (tensors only
+    when ``digests``).
     Raises ValueError for a name the plan lacks or a planned tensor the iterator never yielded.
     """
     mine = plan.buckets_of(rank)
     if mine and transport is None:
         raise ValueError(f"rank {rank}: sends {len(mine)} buckets of plan {plan.fingerprint} but has no transport")
+    key = None if digests else getattr(weights, "static_key", None)
+    recorded = _RECORDED.get((plan.fingerprint, rank))
+    if key is not None and recorded is not None and recorded[0] == key:
+        return _replay(recorded[1], transport, version, device)
+    recording: list | None = [] if key is not None and mine else None
     where = plan.bucket_of_tensor
     open_: dict[int, _OpenBucket] = {}
     full: dict[int, _OpenBucket] = {}  # complete, waiting for the buckets before them to be sent
@@ -79,6 +105,9 @@ def send_weights(plan: TransferPlan, rank: int, weights: Iterable[tuple[str, tor
         while next_bucket is not None and next_bucket.index in full:
             done = full.pop(next_bucket.index)
             sums[done.bucket.index] = done.checksum_words()
+            if recording is not None:
+                launches = done.launches()
+                recording = None if launches is None else recording + [(done.bucket, launches)]
             transport.send(version, done.bucket, done.flat)
             next_bucket = next(order, None)
     if next_bucket is not None:
@@ -86,6 +115,27 @@ def send_weights(plan: TransferPlan, rank: int, weights: Iterable[tuple[str, tor
         raise ValueError(f"rank {rank}: the trainer never gave {missing[:5]} (plan {plan.fingerprint})")
     if transport is not None:
         transport.finish(version)
+    if recording is not None:
+        if len(_RECORDED) >= _MAX_RECORDED:
+            _RECORDED.clear()
+        _RECORDED[(plan.fingerprint, rank)] = (key, recording)
+    return _report(mine, sums, tensors, replayed=False)
+
+
+def _replay(recorded: list[tuple[Bucket, list[tuple]]], transport: SenderTransport, version: int,
+            device: torch.device) -> dict:
+    sums = {}
+    for bucket, launches in recorded:
+        flat = transport.buffer(bucket, device)
+        zero_padding(bucket, flat)
+        sums[bucket.index] = fused_pack.replay(flat, launches)
+        transport.send(version, bucket, flat)
+    transport.finish(version)
+    return _report([b for b, _ in recorded], sums, {}, replayed=True)
+
+
+def _report(mine: list[Bucket], sums: dict[int, torch.Tensor], tensors: dict, replayed: bool) -> dict:
     nbytes = {b.index: b.nbytes for b in mine}
     words = torch.stack(list(sums.values())).tolist() if sums else []  # one wait for the device, not one a bucket
-    return {"buckets": {index: checksum_text(nbytes[index], w) for index, w in zip(sums, words)}, "tensors": tensors}
+    return {"buckets": {index: checksum_text(nbytes[index], w) for index, w in zip(sums, words)}, "tensors": tensors,
+            "replayed": replayed}

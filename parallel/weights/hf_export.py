@@ -61,6 +61,7 @@ class HFExport:
 
     def __init__(self, model: torch.nn.Module, pg_collection):
         self.config = unwrap(model).config
+        self._views: dict[bool, tuple[tuple, bool]] = {}  # row_blocks -> (layout key, all tensors are views)
         self.entries = []
         for param, place in placements(model, pg_collection).values():
             split = place.partition_dim is not None and place.tp_group.size() > 1
@@ -71,7 +72,7 @@ class HFExport:
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         return self.tensors()
 
-    def tensors(self, row_blocks: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    def tensors(self, row_blocks: bool = False) -> ExportedTensors:
         """(HF name, tensor) for the tensors this rank owns; every rank must exhaust the iterator. Works on
         detached parameters, so no autograd graph is recorded (no ``no_grad``: a generator re-enters it
         at every yield).
@@ -80,10 +81,43 @@ class HFExport:
         tensor read in row-major order) instead of HF-shaped copies, for consumers that only read the bytes
         (:func:`weight_transfer.sender.send_weights`): on the H200 the three copies per layer cost a 1B
         model's export 0.3 ms of GPU and 1 ms of host time."""
+        return ExportedTensors(self._tensors(row_blocks), self.static_key(row_blocks))
+
+    def static_key(self, row_blocks: bool = False) -> tuple | None:
+        """The addresses, shapes, strides and dtypes of the parameters when every exported tensor is a view
+        of one (no TP gather, no copy); equal keys mean the export yields the very same tensors. None
+        otherwise. Checked by exporting once whenever the parameters' layout changes."""
+        if any(e.gather_group is not None for e in self.entries):
+            return None
+        key = (row_blocks, tuple((p.data_ptr(), p.shape, p.stride(), p.dtype) for p in (e.param for e in self.entries)))
+        known = self._views.get(row_blocks)
+        if known is None or known[0] != key:
+            views = all(t.untyped_storage().data_ptr() == e.param.untyped_storage().data_ptr()
+                        for e in self.entries if e.owned
+                        for _, t in hf_tensors_from_shards(e.source, [e.param.detach()], e.partition_dim, self.config,
+                                                           row_blocks))
+            known = self._views[row_blocks] = (key, views)
+        return key if known[1] else None
+
+    def _tensors(self, row_blocks: bool) -> Iterator[tuple[str, torch.Tensor]]:
         for e in self.entries:
             shards = _gather(e.param, e.gather_group) if e.gather_group is not None else [e.param.detach()]
             if e.owned:
                 yield from hf_tensors_from_shards(e.source, shards, e.partition_dim, self.config, row_blocks)
+
+
+class ExportedTensors:
+    """An export's (HF name, tensor) iterator with its ``static_key`` (:meth:`HFExport.static_key`): a
+    weight transfer replays its last pack of the same key instead of reading the iterator."""
+
+    def __init__(self, tensors: Iterator[tuple[str, torch.Tensor]], static_key: tuple | None):
+        self._tensors, self.static_key = tensors, static_key
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return self
+
+    def __next__(self) -> tuple[str, torch.Tensor]:
+        return next(self._tensors)
 
 
 def iter_hf_weights(model: torch.nn.Module, pg_collection) -> Iterator[tuple[str, torch.Tensor]]:

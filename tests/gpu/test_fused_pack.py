@@ -1,15 +1,18 @@
 """The fused copy-and-checksum kernel packs the same bytes and gives the same checksum as ``copy_`` into
-each slot followed by ``checksum_words``, for every kind of source tensor it meets."""
+each slot followed by ``checksum_words``, for every kind of source tensor it meets, and so does the replay
+of a recorded pack."""
 
 from __future__ import annotations
 
 import torch
 
-from weight_transfer import fused_pack
+from weight_transfer import fused_pack, sender
 from weight_transfer.buckets import assign_buckets, pack
-from weight_transfer.checksum import checksum_words
-from weight_transfer.plan import TensorSpec
+from weight_transfer.checksum import bucket_checksum, checksum_words
+from weight_transfer.layout import TrainerLayout
+from weight_transfer.plan import TensorSpec, TransferPlan
 from weight_transfer.sender import _OpenBucket
+from weight_transfer.transports.base import SenderTransport
 
 
 class _Entry:
@@ -102,3 +105,65 @@ def test_group_tables_stay_on_the_device_across_versions(monkeypatch):
             assert len(fused_pack._TABLES) == tables, "the same tensors must reuse their group tables"
         for t in tensors.values():  # an optimizer step: new values in place
             t.add_(1)
+
+
+class _Buffers(SenderTransport):
+    """A sender transport that keeps each bucket's buffer, as CUDA IPC does, and sends nowhere."""
+
+    def __init__(self):
+        self.flats = {}
+
+    def buffer(self, bucket, device):
+        if bucket.index not in self.flats or self.flats[bucket.index].numel() != bucket.nbytes:
+            self.flats[bucket.index] = torch.empty(bucket.nbytes, dtype=torch.uint8, device=device)
+        return self.flats[bucket.index]
+
+    def send(self, version, bucket, flat):
+        pass
+
+
+class _Export:
+    """An export of fixed tensors with a static key; counts how often it is read."""
+
+    def __init__(self, tensors: dict, static_key):
+        self.tensors, self.static_key, self.reads = tensors, static_key, 0
+
+    def __iter__(self):
+        self.reads += 1
+        return iter(self.tensors.items())
+
+
+def test_a_static_export_is_packed_by_replaying_its_first_send(monkeypatch):
+    """Same key: the recorded launches pack the new values without reading the export; a new key (the
+    parameters moved) records again; an export with a tensor only copy_ can read is never replayed."""
+    monkeypatch.setattr(sender, "_RECORDED", {})
+    monkeypatch.setattr(fused_pack, "GROUP_BYTES", 1 << 20)
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    readable = ("blocks_q", "blocks_k", "big", "word_aligned", "empty", "last")  # whole 64-bit words: no copy_
+    tensors = {n: t for n, t in _sources(gen).items() if n in readable}
+    plan = TransferPlan.build(_specs(tensors), TrainerLayout(num_layers=1), 4 << 20)
+    assert len(plan.buckets) > 1
+    transport, device = _Buffers(), torch.device("cuda")
+
+    def send(export, version):
+        out = sender.send_weights(plan, 0, export, transport, version, device)
+        for bucket in plan.buckets:
+            want = pack(bucket, export.tensors, torch.empty(bucket.nbytes, dtype=torch.uint8, device="cuda"))
+            assert torch.equal(transport.flats[bucket.index], want), f"version {version} bucket {bucket.index}"
+            assert out["buckets"][bucket.index] == bucket_checksum(want), f"version {version} bucket {bucket.index}"
+
+    for version in range(3):
+        export = _Export(tensors, ("params", 1))
+        send(export, version)
+        assert export.reads == (1 if version == 0 else 0), f"version {version}: read {export.reads} times"
+        for t in tensors.values():  # an optimizer step: new values in place
+            t.add_(1)
+    moved = _Export({n: t.clone() for n, t in tensors.items()}, ("params", 2))
+    send(moved, 3)
+    assert moved.reads == 1, "a new key must be packed from the export and recorded again"
+    strided = {**tensors, "strided": torch.randn(64, 128, generator=gen, device="cuda").to(torch.bfloat16).t()}
+    plan = TransferPlan.build(_specs(strided), TrainerLayout(num_layers=1), 4 << 20)
+    for version in (4, 5):
+        export = _Export(strided, ("params", 3))
+        send(export, version)
+        assert export.reads == 1, "a tensor packed by copy_ cannot be replayed (it would be kept alive)"

@@ -217,6 +217,26 @@ def export_specs_rank(rank, world, init_method, hf_dir, cfg):
     return [(name, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in policy.export_weights()]
 
 
+def export_key_rank(rank, world, init_method, hf_dir, cfg, algorithm, batch):
+    """``export_weights``' static keys: first, again, after a training step, after a parameter moved, and
+    without row blocks; and whether the first export's tensors changed in place with the step."""
+    enable_cpu()
+    from parallel.policy import MegatronPolicy
+
+    policy = MegatronPolicy(hf_dir, cfg, algorithm, rank, world, init_method)
+    keys = [policy.export_weights(row_blocks=True).static_key for _ in range(2)]
+    exported = dict(policy.export_weights(row_blocks=True))
+    before = {n: t.clone() for n, t in exported.items()}
+    policy.train_step(batch)
+    keys.append(policy.export_weights(row_blocks=True).static_key)
+    changed = sum(not torch.equal(before[n], t) for n, t in exported.items())
+    param = next(p for p in policy.model.parameters() if p.dim() == 2)
+    param.data = param.data.clone()  # an offload and reload would move it so
+    keys.append(policy.export_weights(row_blocks=True).static_key)
+    keys.append(policy.export_weights(row_blocks=False).static_key)
+    return keys, changed, len(exported)
+
+
 def recompute_rank(rank, world, init_method, hf_dir, cfgs, algorithm, batch):
     """For each config (one layout, differing only in recompute): one training step from the same
     weights; (metrics, router forwards during the step, this rank's HF tensors after it)."""

@@ -18,7 +18,7 @@ import time
 import pytest
 import torch
 from parallel_launch import run_ranks, start_ranks
-from parallel_ranks import checkpoint_rank, export_specs_rank, stalled_save_rank, trainer_config
+from parallel_ranks import checkpoint_rank, export_key_rank, export_specs_rank, stalled_save_rank, trainer_config
 from test_parallel_parity import hf_reference
 
 from megatron_rl.algorithms.config import AlgorithmConfig
@@ -142,3 +142,16 @@ def test_bf16_export_matches_the_transfer_plan_of_its_checkpoint(arch, tiny, tmp
     (exported,) = run_ranks(export_specs_rank, 1, tmp_path, tiny[arch], trainer_config(dtype="bfloat16"))
     planned = {(s.name, s.shape, s.dtype) for s in checkpoint_specs(tiny[arch], "bfloat16")}
     assert set(exported) == planned
+
+
+def test_an_export_of_views_keeps_its_static_key_across_steps_until_a_parameter_moves(tiny, batch, tmp_path):
+    """A weight transfer replays its recorded pack while this key holds (``weight_transfer.sender``): the key
+    must stay through optimizer steps, which write the parameters in place, and change when one moves."""
+    rewarded = batch.select(list(range(batch.num_rows)))
+    rewarded.advantages = rewarded.loss_mask.clone()
+    (out,) = run_ranks(export_key_rank, 1, tmp_path, tiny["qwen3"], _cfg(), AlgorithmConfig(), rewarded)
+    (first, again, stepped, moved, copies), changed, exported = out
+    assert first is not None and first == again == stepped
+    assert changed == exported, "every exported view must show the step's new values"
+    assert moved is not None and moved != first
+    assert copies is None, "q, k and v of a GQA model are copies without row blocks: no static key"
