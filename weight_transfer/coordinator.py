@@ -1,5 +1,6 @@
-"""The update protocol, loop side: connect → receive (senders push while replicas stage) → pause → finish
-(verify, load, report version) → resume. Failed replicas are retried on a fresh session, then quarantined;
+"""The update protocol, loop side: connect → receive (senders push while replicas stage; where the send
+alone leaves the buckets in the replicas' reach, as CUDA IPC does, the replicas stage at finish) → pause →
+finish (verify, load, report version) → resume. Failed replicas are retried on a fresh session, then quarantined;
 the fleet resumes only when every replica still serving reports the new version."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from weight_transfer.config import WeightTransferConfig
 from weight_transfer.plan import TransferPlan
 from weight_transfer.replicas import Replica, ReplicaDown
 from weight_transfer.session import new_session
+from weight_transfer.transports import receives_after_send
 
 log = logging.getLogger("weight_transfer")
 
@@ -44,7 +46,8 @@ class _Attempt:
     paused_at: float | None = None
     legs: dict = field(default_factory=dict)
     """Seconds of the transfer's legs: send (the senders' call), receive (the slowest replica's receive
-    call) and receive_worker (the longest a worker spent inside it; the rest of the call is the RPC's own)."""
+    call) and receive_worker (the longest a worker spent inside it; the rest of the call is the RPC's own).
+    Transports whose receivers stage at finish have no receive legs."""
 
     def fail(self, replica: Replica, error: str) -> None:
         self.errors[replica.name] = error
@@ -105,10 +108,12 @@ class WeightTransferCoordinator:
             for replica in targets:
                 result.fail(replica, f"senders failed: {result.sender_error}")
             return result, transfer_s
-        ready = [r for r, answer in zip(targets, received) if self._received(r, answer, result)]
+        if received is not None:
+            targets = [r for r, answer in zip(targets, received) if self._received(r, answer, result)]
         result.paused_at = time.perf_counter()
-        _each(ready, lambda r: r.pause(self.config.pause_mode))
-        self._finish(version, ready, sent, result)
+        paused = _run_all([(lambda r=r: r.pause(self.config.pause_mode)) for r in targets])
+        ready = [r for r, out in zip(targets, paused) if not isinstance(out, Exception) or result.fail(r, f"pause: {out}")]
+        self._finish(version, ready, sent, result, receive_at_finish=received is None)
         self.senders.release(version)
         return result, transfer_s
 
@@ -145,9 +150,10 @@ class WeightTransferCoordinator:
         self._session_targets = [r.name for r in targets] if len(joined) == len(targets) else None
         return joined
 
-    def _transfer(self, version: int, targets: list[Replica], result: _Attempt) -> tuple[dict, list]:
+    def _transfer(self, version: int, targets: list[Replica], result: _Attempt) -> tuple[dict, list | None]:
+        """The senders' call and, beside it, each replica's receive call (None where the replicas receive
+        at finish: ``receives_after_send``, the send alone moves the bytes)."""
         digests = self.config.verify == "tensor_equality"
-        receive = {"version": version, "plan": self.plan.fingerprint}
         start, ends = time.perf_counter(), {}
 
         def send():
@@ -162,17 +168,24 @@ class WeightTransferCoordinator:
 
         def receive_on(replica):
             try:
-                return replica.call("wt_receive", receive, self._rpc_timeout)
+                return replica.call("wt_receive", self._receive_msg(version), self._rpc_timeout)
             finally:
                 ends[replica.name] = time.perf_counter()
 
-        sent, *received = _run_all([send] + [(lambda r=r: receive_on(r)) for r in targets])
+        if receives_after_send(self.config.resolved_transport.type):
+            sent, received = _guarded(send), None
+            result.legs = {"send": ends["send"] - start}
+        else:
+            sent, *received = _run_all([send] + [(lambda r=r: receive_on(r)) for r in targets])
+            worker = [a["seconds"] for answer in received if isinstance(answer, list) for a in answer if a.get("ok")]
+            result.legs = {"send": ends["send"] - start, "receive": max(ends[r.name] for r in targets) - start,
+                           "receive_worker": max(worker, default=0.0)}
         if isinstance(sent, Exception):
             result.sender_error = f"{type(sent).__name__}: {sent}"
-        worker = [a["seconds"] for answer in received if isinstance(answer, list) for a in answer if a.get("ok")]
-        result.legs = {"send": ends["send"] - start, "receive": max(ends[r.name] for r in targets) - start,
-                       "receive_worker": max(worker, default=0.0)}
         return sent, received
+
+    def _receive_msg(self, version: int) -> dict:
+        return {"version": version, "plan": self.plan.fingerprint}
 
     def _received(self, replica: Replica, answer, result: _Attempt) -> bool:
         if isinstance(answer, Exception):
@@ -183,9 +196,11 @@ class WeightTransferCoordinator:
             result.fail(replica, f"receive: {bad[0]}")
         return not bad
 
-    def _finish(self, version: int, ready: list[Replica], sent: dict, result: _Attempt) -> None:
+    def _finish(self, version: int, ready: list[Replica], sent: dict, result: _Attempt, receive_at_finish: bool) -> None:
         expected = {str(k): v for k, v in sent["buckets"].items()}
         msg = {"version": version, "expected": expected, "digests": bool(sent["tensors"])}
+        if receive_at_finish:
+            msg["receive"] = self._receive_msg(version)
         answers = _run_all([(lambda r=r: r.call("wt_finish", msg, self._rpc_timeout)) for r in ready])
         for replica, answer in zip(ready, answers):
             error = self._check_report(version, answer, expected, sent["tensors"])
@@ -267,15 +282,17 @@ class WeightTransferCoordinator:
 _POOL = ThreadPoolExecutor(max_workers=1024, thread_name_prefix="weight_transfer")
 
 
+def _guarded(call):
+    """``call()``'s return value, or the exception it raised."""
+    try:
+        return call()
+    except Exception as err:  # reported per call; the coordinator decides whom to blame
+        return err
+
+
 def _run_all(calls: list) -> list:
     """Run ``calls`` concurrently; each result is its return value or the exception it raised."""
-    def guarded(call):
-        try:
-            return call()
-        except Exception as err:  # reported per call; the coordinator decides whom to blame
-            return err
-
-    return list(_POOL.map(guarded, calls))
+    return list(_POOL.map(_guarded, calls))
 
 
 def _each(replicas: list[Replica], call) -> None:

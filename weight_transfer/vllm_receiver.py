@@ -63,32 +63,41 @@ class WeightReceiver:
 
     def wt_receive(self, payload: str) -> dict:
         """Receive every bucket of ``{"version", "plan"}`` into staging; ``ok`` False names the failure."""
-        msg = json.loads(payload)
+        start = time.perf_counter()
+        error = self._wt_stage(json.loads(payload))
+        return {"ok": False, "error": error} if error else {"ok": True, "seconds": time.perf_counter() - start}
+
+    def _wt_stage(self, msg: dict) -> str | None:
         self._wt_staged = []
         plan = getattr(self, "_wt_plan", None)
         if plan is None or plan.fingerprint != msg["plan"]:
-            return {"ok": False, "error": f"stale plan: have {plan and plan.fingerprint}, update uses {msg['plan']}"}
-        start = time.perf_counter()
+            return f"stale plan: have {plan and plan.fingerprint}, update uses {msg['plan']}"
         try:
             for bucket, flat in self._wt_transport.receive(msg["version"], plan.buckets):
                 self._wt_staged.append((bucket, flat))
         except TransportError as err:
             self._wt_staged = []
-            return {"ok": False, "error": str(err)}
-        return {"ok": True, "seconds": time.perf_counter() - start}
+            return str(err)
+        return None
 
     def wt_finish(self, payload: str) -> dict:
-        """Verify staged buckets against ``expected`` checksums, then load them all in one call.
+        """Verify staged buckets against ``expected`` checksums, then load them all in one call. With
+        ``receive`` (``wt_receive``'s message) the buckets are staged here first: transports whose send
+        leaves them where the worker reads them (``receives_after_send``) spare the update that call.
 
         Returns ``{"ok", "version", "checksums", "tensors", "error", "load_seconds"}``; on a mismatch nothing
         is loaded and ``version`` stays the previous one.
         """
         msg = json.loads(payload)
+        report = {"checksums": {}, "tensors": {}, "version": getattr(self, "_wt_version", None)}
+        error = self._wt_stage(msg["receive"]) if "receive" in msg else None
+        if error:
+            return {**report, "ok": False, "error": f"receive: {error}"}
         staged, self._wt_staged = self._wt_staged, []
         checksums = {str(b.index): bucket_checksum(flat) for b, flat in staged}
         bad = sorted((i for i, c in checksums.items() if msg["expected"].get(i) != c), key=int)
         missing = sorted(set(msg["expected"]) - set(checksums), key=int)
-        report = {"checksums": checksums, "tensors": {}, "version": getattr(self, "_wt_version", None)}
+        report["checksums"] = checksums
         if bad or missing:
             self._wt_transport.release(msg["version"])
             return {**report, "ok": False, "error": f"bucket checksum mismatch {bad}, missing {missing}; not loaded"}

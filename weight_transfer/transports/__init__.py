@@ -22,6 +22,11 @@ def _pair(session: dict) -> tuple[type[SenderTransport], type[ReceiverTransport]
     return TRANSPORTS[session["type"]]
 
 
+def receives_after_send(transport_type: str) -> bool:
+    """Whether receivers of this transport stage an update's buckets at finish (``reads_after_send``)."""
+    return _pair({"type": transport_type})[1].reads_after_send
+
+
 def make_sender(session: dict, rank: int, device: torch.device) -> SenderTransport:
     """The sending half for trainer ``rank``."""
     return _pair(session)[0](session, rank, device)
@@ -32,4 +37,5 @@ def make_receiver(session: dict, rank: int, device: torch.device) -> ReceiverTra
     return _pair(session)[1](session, rank, device)
 
 
-__all__ = ["ReceiverTransport", "SenderTransport", "TransportError", "make_receiver", "make_sender", "TRANSPORTS"]
+__all__ = ["ReceiverTransport", "SenderTransport", "TransportError", "make_receiver", "make_sender", "receives_after_send",
+           "TRANSPORTS"]

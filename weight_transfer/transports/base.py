@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
+from typing import ClassVar
 
 import torch
 
@@ -42,6 +43,10 @@ class SenderTransport(ABC):
 
 class ReceiverTransport(ABC):
     """One inference worker's side."""
+
+    reads_after_send: ClassVar[bool] = False
+    """The senders' send call leaves every bucket where this receiver reads it, and receiving moves no
+    bytes (mapped GPU buffers): the worker receives at finish instead of in a call beside the send."""
 
     @abstractmethod
     def receive(self, version: int, buckets: Sequence[Bucket]) -> Iterator[tuple[Bucket, torch.Tensor]]:

@@ -11,6 +11,11 @@ The sender packs every version into the same per-bucket buffers (allocated at th
 and mapped once per session, not once per version: opening an IPC handle costs more than copying a
 bucket of a few hundred MiB. Reuse is safe because the coordinator releases version v on both sides
 before it asks for v+1.
+
+The receiver stages at finish (``reads_after_send``: the sender's call returns once every bucket is packed
+and published, and mapping moves no bytes), inside the pause window, so it reads all of a sender's
+handles in one store round trip: 34 handles took 5.7 ms one ``get`` at a time and 0.27 ms in one
+``multi_get`` (CI machine).
 """
 
 from __future__ import annotations
@@ -81,17 +86,25 @@ class CudaIpcSender(SenderTransport):
 
 
 class CudaIpcReceiver(ReceiverTransport):
+    reads_after_send = True  # the handles are set and the packing finished when the sender's send returns
+
     def __init__(self, session: dict, rank: int, device: torch.device):
         self.stores = {int(s): _store(session, int(s), is_master=False) for s in session["ports"]}
         self.device = device
         self.mapped: dict[int, tuple[str, torch.Tensor, torch.cuda.Event]] = {}  # bucket -> (handle, buffer, event)
 
     def receive(self, version: int, buckets: Sequence[Bucket]) -> Iterator[tuple[Bucket, torch.Tensor]]:
-        for bucket in buckets:
+        handles = {}
+        for sender in sorted({b.sender for b in buckets}):  # one store round trip per sender, not per bucket
+            mine = [b for b in buckets if b.sender == sender]
             try:
-                raw = self.stores[bucket.sender].get(f"v{version}/b{bucket.index}").decode()
+                raw = self.stores[sender].multi_get([f"v{version}/b{b.index}" for b in mine])
             except RuntimeError as err:
-                raise TransportError(f"cuda_ipc: no handle for bucket {bucket.index} of version {version}: {err}") from err
+                raise TransportError(f"cuda_ipc: no handles for buckets {[b.index for b in mine]} of version {version} "
+                                     f"from sender {sender}: {err}") from err
+            handles.update({b.index: r.decode() for b, r in zip(mine, raw)})
+        for bucket in buckets:
+            raw = handles[bucket.index]
             known = self.mapped.get(bucket.index)
             if known is None or known[0] != raw:
                 uuid, rebuild, args, event = pickle.loads(base64.b64decode(raw))

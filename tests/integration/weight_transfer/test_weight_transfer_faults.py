@@ -1,4 +1,5 @@
-"""Faults during an update: a corrupted bucket, a sender killed mid-transfer and a replica that dies mid-transfer.
+"""Faults during an update: a corrupted bucket, a sender killed mid-transfer and a replica that dies mid-transfer
+(with a receive call beside the send, and with a transport the replicas read at finish).
 Each ends with every replica on exactly the old or the new weights (log-probs equal one model, the two models
 differ by far more than the tolerance), the failure named in the log, and the next update succeeding."""
 
@@ -17,6 +18,7 @@ from weight_transfer.config import WeightTransferConfig
 from weight_transfer.coordinator import WeightTransferCoordinator, WeightTransferError
 from weight_transfer.local_senders import LocalSenders
 from weight_transfer.replicas import LLMReplica
+from weight_transfer.transports.shared_memory import SharedMemoryReceiver
 from wt_helpers import (PerturbedWeights, ProbeAfterFirstAttempt, checkpoint, close_llm, flip_rank0, hf_logprobs,
                         make_llm, max_diff, perturbed, plan_for, vllm_logprobs)
 
@@ -147,6 +149,32 @@ def test_an_update_leaves_no_prefix_blocks_of_the_old_weights(fleet):
     cold = next_token()
     assert after[0] == cold[0] and abs(after[1] - cold[1]) < 1e-4, f"stale prefix blocks: {after} vs cold {cold}"
     assert before != cold, "the update must change the next token's log-prob"
+
+
+def test_replica_dying_before_it_stages_at_finish_is_quarantined(fleet, tmp_path, caplog, monkeypatch):
+    """Where replicas stage at finish (CUDA IPC; here shared memory on CPU, which moves no bytes to receive
+    either) no receive call sees a replica die while the senders write: its pause or finish does."""
+    monkeypatch.setattr(SharedMemoryReceiver, "reads_after_send", True)
+    spare = make_llm(fleet.model)
+    replicas = [fleet.replicas[0], LLMReplica(spare, "spare")]
+    victim = replicas[1].call("wt_describe", {}, 30)[0]["pid"]
+    started = tmp_path / "sending"
+    config = WeightTransferConfig(transport={"type": "shared_memory"}, bucket_size_mb=1, timeout_s=30, max_retries=1)
+    senders = LocalSenders(fleet.plan, PerturbedWeights(fleet.model, delay_s=0.15, started=str(started)))
+    killer = threading.Thread(target=_kill_when, args=(started, victim), daemon=True)
+    coordinator = WeightTransferCoordinator(config, fleet.plan, replicas, senders)
+    try:
+        killer.start()
+        with caplog.at_level(logging.ERROR, logger="weight_transfer"):
+            metrics = coordinator.update(6)
+    finally:
+        senders.disconnect()
+        killer.join(5)
+        close_llm(spare)
+    assert metrics["weight_transfer/receive_seconds"] == 0, "no receive call: the replicas stage at finish"
+    assert coordinator.quarantined.keys() == {"spare"} and "quarantining replica spare" in caplog.text
+    assert coordinator.versions["r0"] == 6 and replicas[0].serving
+    assert _versions(fleet, replicas[:1], [5, 6]) == {"r0": 6}
 
 
 def _kill_when(flag, pid: int, timeout_s: float = 300.0) -> None:
