@@ -69,9 +69,10 @@ LOGPROB_TOL_MAX, LOGPROB_TOL_MEAN = 0.3, 0.05
 # (no transfer involved): deeper random models drift further in bf16 (7B: mean 0.055 after the update).
 FLOOR_FACTOR = 1.5
 RECEIVER = "weight_transfer.vllm_receiver.WeightReceiver"
-# The transfer's legs as the coordinator times them (medians kept in the JSON rows): the trainer's send call
-# as the coordinator sees it (``sender s`` is the trainer's own time inside it), vLLM's receive call, and
-# the time the worker spent inside that call (the rest is collective_rpc's own).
+# The transfer's legs as the coordinator times them (medians kept in the JSON rows, with the whole update's
+# and the pause window's): the trainer's send call as the coordinator sees it (``sender s`` is the trainer's
+# own time inside it), vLLM's receive call, and the time the worker spent inside that call (the rest is
+# collective_rpc's own). cuda_ipc has no receive call: the worker stages the mapped buckets at finish.
 LEGS = ("send", "receive", "receive_worker")
 INIT_STD, UPDATE_STD = 0.02, 0.01
 
@@ -408,6 +409,7 @@ class TrainerSenders:
         self.proc.start()
         self.plan = None
         self.last_sender_seconds = []
+        self.last_replayed = False
 
     def post(self, *command) -> None:
         self.conn.send(command)
@@ -431,6 +433,7 @@ class TrainerSenders:
     def send(self, version: int, digests: bool) -> dict:
         out = self.call("send", version, digests)
         self.last_sender_seconds.append(out.pop("sender_seconds"))
+        self.last_replayed = out.pop("replayed")
         return out
 
     def release(self, version: int) -> None:
@@ -515,8 +518,11 @@ def run_size(size: str, args, cuda: bool, work: Path) -> dict:
                 rows.append(run_bucket_size(size, mb, plans[mb], bare[mb], load, how["load"], args, replica, trainer,
                                             first_version=len(rows) * 100 + 1))
                 r = rows[-1]
+                received = (f"receive {r['receive_s'] * 1e3:.2f} ms (worker inside it {r['receive_worker_s'] * 1e3:.2f})"
+                            if r["receive_s"] else "received at finish")
                 print(format_row(r) + f"  legs: send {r['send_s'] * 1e3:.2f} ms (trainer inside it {r['sender_s'] * 1e3:.2f}), "
-                      f"receive {r['receive_s'] * 1e3:.2f} ms (worker inside it {r['receive_worker_s'] * 1e3:.2f})", flush=True)
+                      f"{received}; whole update {r['update_s'] * 1e3:.2f} ms, pause {r['pause_s'] * 1e3:.2f} ms; "
+                      f"{r['replayed']}/{args.reps} sends replayed the recorded pack", flush=True)
             assert replica.serving
             logprobs[load] = check_logprobs(size, load, before, vllm_logprobs(llm), built["references"])
         return dict(rows=rows, logprobs=logprobs, seconds=time.perf_counter() - t_size)
@@ -535,7 +541,7 @@ def run_bucket_size(size: str, mb: int, plan, bare_s: float, load: str, loads_by
     trainer.plan = plan
     config = WeightTransferConfig(transport={"type": args.transport}, bucket_size_mb=mb, timeout_s=args.timeout, load=load)
     coordinator = WeightTransferCoordinator(config, plan, [replica], trainer)
-    transfer, loaded, sender, legs = [], [], [], {leg: [] for leg in LEGS}
+    transfer, loaded, sender, replayed, legs = [], [], [], [], {leg: [] for leg in LEGS + ("update", "pause")}
     for i in range(args.reps + 1):
         metrics = coordinator.update(first_version + i)
         if metrics["weight_transfer/retries"] or metrics["weight_transfer/quarantined"]:
@@ -544,14 +550,16 @@ def run_bucket_size(size: str, mb: int, plan, bare_s: float, load: str, loads_by
             transfer.append(metrics["weight_transfer/transfer_seconds"])
             loaded.append(metrics["weight_transfer/load_seconds"])
             sender.append(trainer.last_sender_seconds[-1])
+            replayed.append(trainer.last_replayed)
             for leg, values in legs.items():
-                values.append(metrics[f"weight_transfer/{leg}_seconds"])
+                values.append(metrics["weight_transfer/seconds" if leg == "update" else f"weight_transfer/{leg}_seconds"])
     trainer.disconnect()
     replica.call("wt_close_transport", {}, 60)
     seconds = statistics.median(transfer)
     row = dict(size=size, bucket_mb=mb, buckets=len(plan.buckets), bytes=plan.nbytes, transfer_s=seconds,
                sender_s=statistics.median(sender), load=loads_by, load_s=statistics.median(loaded),
-               gbps=plan.nbytes / seconds / 1e9, bare_s=bare_s, bare_gbps=plan.nbytes / bare_s / 1e9)
+               gbps=plan.nbytes / seconds / 1e9, bare_s=bare_s, bare_gbps=plan.nbytes / bare_s / 1e9,
+               replayed=sum(replayed))
     row["ratio"] = row["gbps"] / row["bare_gbps"]
     row.update({f"{leg}_s": statistics.median(values) for leg, values in legs.items()})
     return row
