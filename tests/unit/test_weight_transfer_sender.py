@@ -90,7 +90,7 @@ def test_rank_without_buckets_drains_its_iterator_without_a_transport():
             drained.append(pair[0])
             yield pair
 
-    assert send_weights(plan, 1, export(), None, 1, torch.device("cpu")) == {"buckets": {}, "tensors": {}}
+    assert send_weights(plan, 1, export(), None, 1, torch.device("cpu")) == {"buckets": {}, "tensors": {}, "replayed": False}
     assert drained == list(tensors)
 
 
