@@ -42,6 +42,8 @@ class _Attempt:
     ok: list = field(default_factory=list)
     errors: dict = field(default_factory=dict)
     sender_error: str | None = None
+    finished: bool = False
+    """The replicas were asked to finish: the senders' buffers wait for ``Senders.release``."""
     load_seconds: float = 0.0
     paused_at: float | None = None
     legs: dict = field(default_factory=dict)
@@ -72,6 +74,7 @@ class WeightTransferCoordinator:
         start, pause_start, retries = time.perf_counter(), None, 0
         failures: dict[str, int] = {}
         stats = {"transfer": 0.0, "load": 0.0}
+        attempt = None
         while pending := [r for r in self._live() if self.versions[r.name] != version]:
             attempt, transfer_s = self._attempt(version, pending)
             stats["transfer"] = max(stats["transfer"], transfer_s)
@@ -83,6 +86,7 @@ class WeightTransferCoordinator:
                 self.versions[replica.name] = version
             if not attempt.errors:
                 break
+            self._release(version, attempt)
             retries += 1
             self._session_targets = None
             try:
@@ -92,7 +96,15 @@ class WeightTransferCoordinator:
                 _run_all([(lambda r=r: r.resume()) for r in self._live()])
                 raise
         self._resume(version)
-        return self._metrics(start, pause_start, retries, stats)
+        pause_s = time.perf_counter() - pause_start if pause_start else 0.0
+        if attempt is not None:
+            self._release(version, attempt)  # once the replicas serve again: outside the pause window
+        return self._metrics(start, pause_s, retries, stats)
+
+    def _release(self, version: int, attempt: _Attempt) -> None:
+        if attempt.finished:
+            self.senders.release(version)
+            attempt.finished = False
 
     def _attempt(self, version: int, targets: list[Replica]) -> tuple[_Attempt, float]:
         result = _Attempt()
@@ -114,7 +126,7 @@ class WeightTransferCoordinator:
         paused = _run_all([(lambda r=r: r.pause(self.config.pause_mode)) for r in targets])
         ready = [r for r, out in zip(targets, paused) if not isinstance(out, Exception) or result.fail(r, f"pause: {out}")]
         self._finish(version, ready, sent, result, receive_at_finish=received is None)
-        self.senders.release(version)
+        result.finished = True
         return result, transfer_s
 
     def _connect(self, targets: list[Replica], result: _Attempt) -> list[Replica]:
@@ -259,7 +271,7 @@ class WeightTransferCoordinator:
         assert not behind, f"resuming with replicas behind version {version}: {behind}"
         _each(live, lambda r: r.resume())
 
-    def _metrics(self, start: float, pause_start: float | None, retries: int, stats: dict) -> dict[str, float]:
+    def _metrics(self, start: float, pause_s: float, retries: int, stats: dict) -> dict[str, float]:
         seconds = time.perf_counter() - start
         nbytes = self.plan.nbytes
         return {"weight_transfer/seconds": seconds,
@@ -270,7 +282,7 @@ class WeightTransferCoordinator:
                 "weight_transfer/load_seconds": stats["load"],
                 "weight_transfer/bytes": float(nbytes),
                 "weight_transfer/gb_per_s": nbytes / stats["transfer"] / 1e9 if stats["transfer"] else 0.0,
-                "weight_transfer/pause_seconds": time.perf_counter() - pause_start if pause_start else 0.0,
+                "weight_transfer/pause_seconds": pause_s,
                 "weight_transfer/buckets": float(len(self.plan.buckets)),
                 "weight_transfer/retries": float(retries),
                 "weight_transfer/quarantined": float(len(self.quarantined))}
