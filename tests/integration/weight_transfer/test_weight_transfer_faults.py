@@ -151,32 +151,6 @@ def test_an_update_leaves_no_prefix_blocks_of_the_old_weights(fleet):
     assert before != cold, "the update must change the next token's log-prob"
 
 
-def test_replica_dying_before_it_stages_at_finish_is_quarantined(fleet, tmp_path, caplog, monkeypatch):
-    """Where replicas stage at finish (CUDA IPC; here shared memory on CPU, which moves no bytes to receive
-    either) no receive call sees a replica die while the senders write: its pause or finish does."""
-    monkeypatch.setattr(SharedMemoryReceiver, "reads_after_send", True)
-    spare = make_llm(fleet.model)
-    replicas = [fleet.replicas[0], LLMReplica(spare, "spare")]
-    victim = replicas[1].call("wt_describe", {}, 30)[0]["pid"]
-    started = tmp_path / "sending"
-    config = WeightTransferConfig(transport={"type": "shared_memory"}, bucket_size_mb=1, timeout_s=30, max_retries=1)
-    senders = LocalSenders(fleet.plan, PerturbedWeights(fleet.model, delay_s=0.15, started=str(started)))
-    killer = threading.Thread(target=_kill_when, args=(started, victim), daemon=True)
-    coordinator = WeightTransferCoordinator(config, fleet.plan, replicas, senders)
-    try:
-        killer.start()
-        with caplog.at_level(logging.ERROR, logger="weight_transfer"):
-            metrics = coordinator.update(6)
-    finally:
-        senders.disconnect()
-        killer.join(5)
-        close_llm(spare)
-    assert metrics["weight_transfer/receive_seconds"] == 0, "no receive call: the replicas stage at finish"
-    assert coordinator.quarantined.keys() == {"spare"} and "quarantining replica spare" in caplog.text
-    assert coordinator.versions["r0"] == 6 and replicas[0].serving
-    assert _versions(fleet, replicas[:1], [5, 6]) == {"r0": 6}
-
-
 def _kill_when(flag, pid: int, timeout_s: float = 300.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not flag.exists() and time.monotonic() < deadline:
@@ -185,21 +159,45 @@ def _kill_when(flag, pid: int, timeout_s: float = 300.0) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
-def test_replica_dying_mid_transfer_is_quarantined_and_the_rest_update(fleet, tmp_path, caplog):
-    replicas = fleet.replicas
+def _update_killing_the_second(fleet, replicas, config, version: int, tmp_path, caplog):
+    """Update ``replicas`` to ``version`` while the second one's engine is SIGKILLed a second into the send
+    (the senders take 0.15 s a tensor); returns the coordinator and its metrics."""
     victim = replicas[1].call("wt_describe", {}, 30)[0]["pid"]
     started = tmp_path / "sending"
     senders = LocalSenders(fleet.plan, PerturbedWeights(fleet.model, delay_s=0.15, started=str(started)))
     killer = threading.Thread(target=_kill_when, args=(started, victim), daemon=True)
-    coordinator = WeightTransferCoordinator(CONFIG, fleet.plan, replicas, senders)
+    coordinator = WeightTransferCoordinator(config, fleet.plan, replicas, senders)
     try:
         killer.start()
         with caplog.at_level(logging.ERROR, logger="weight_transfer"):
-            metrics = coordinator.update(3)
+            metrics = coordinator.update(version)
     finally:
         senders.disconnect()
-    killer.join(5)
+        killer.join(5)
     assert not killer.is_alive(), "the replica was never killed"
+    return coordinator, metrics
+
+
+def test_replica_dying_before_it_stages_at_finish_is_quarantined(fleet, tmp_path, caplog, monkeypatch):
+    """Where replicas stage at finish (CUDA IPC; here shared memory on CPU, which moves no bytes to receive
+    either) no receive call sees a replica die while the senders write: its pause or finish does."""
+    monkeypatch.setattr(SharedMemoryReceiver, "reads_after_send", True)
+    spare = make_llm(fleet.model)
+    replicas = [fleet.replicas[0], LLMReplica(spare, "spare")]
+    config = WeightTransferConfig(transport={"type": "shared_memory"}, bucket_size_mb=1, timeout_s=30, max_retries=1)
+    try:
+        coordinator, metrics = _update_killing_the_second(fleet, replicas, config, 6, tmp_path, caplog)
+    finally:
+        close_llm(spare)
+    assert metrics["weight_transfer/receive_seconds"] == 0, "no receive call: the replicas stage at finish"
+    assert coordinator.quarantined.keys() == {"spare"} and "quarantining replica spare" in caplog.text
+    assert coordinator.versions["r0"] == 6 and replicas[0].serving
+    assert _versions(fleet, replicas[:1], [5, 6]) == {"r0": 6}
+
+
+def test_replica_dying_mid_transfer_is_quarantined_and_the_rest_update(fleet, tmp_path, caplog):
+    replicas = fleet.replicas
+    coordinator, metrics = _update_killing_the_second(fleet, replicas, CONFIG, 3, tmp_path, caplog)
     assert metrics["weight_transfer/quarantined"] == 1 and "r1" in coordinator.quarantined
     assert replicas[1].quarantined and not replicas[1].serving
     assert "quarantining replica r1" in caplog.text
