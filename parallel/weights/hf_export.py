@@ -8,7 +8,8 @@ data-parallel rank 0 of its group), so across all ranks every HF tensor appears 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -81,7 +82,7 @@ class HFExport:
         tensor read in row-major order) instead of HF-shaped copies, for consumers that only read the bytes
         (:func:`weight_transfer.sender.send_weights`): on the H200 the three copies per layer cost a 1B
         model's export 0.3 ms of GPU and 1 ms of host time."""
-        return ExportedTensors(self._tensors(row_blocks), self.static_key(row_blocks))
+        return ExportedTensors(self._tensors(row_blocks), lambda: self.static_key(row_blocks))
 
     def static_key(self, row_blocks: bool = False) -> tuple | None:
         """The addresses, shapes, strides and dtypes of the parameters when every exported tensor is a view
@@ -108,10 +109,15 @@ class HFExport:
 
 class ExportedTensors:
     """An export's (HF name, tensor) iterator with its ``static_key`` (:meth:`HFExport.static_key`): a
-    weight transfer replays its last pack of the same key instead of reading the iterator."""
+    weight transfer replays its last pack of the same key instead of reading the iterator. The key is
+    computed when first read, so consumers that only iterate (a checkpoint save) do not pay for it."""
 
-    def __init__(self, tensors: Iterator[tuple[str, torch.Tensor]], static_key: tuple | None):
-        self._tensors, self.static_key = tensors, static_key
+    def __init__(self, tensors: Iterator[tuple[str, torch.Tensor]], static_key: Callable[[], tuple | None]):
+        self._tensors, self._static_key = tensors, static_key
+
+    @functools.cached_property
+    def static_key(self) -> tuple | None:
+        return self._static_key()
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         return self

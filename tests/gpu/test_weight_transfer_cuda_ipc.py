@@ -49,7 +49,7 @@ class GpuWeights:
         if self.tensors is None:
             self.tensors = {s.name: torch.full(s.shape, 0.01 * (i % 7), dtype=torch.bfloat16, device="cuda")
                             for i, s in enumerate(self.specs)}
-        return ExportedTensors(iter(self.tensors.items()), static_key=("GpuWeights", rank))
+        return ExportedTensors(iter(self.tensors.items()), static_key=lambda: ("GpuWeights", rank))
 
 
 def d2d_gbps(nbytes: int) -> float:
