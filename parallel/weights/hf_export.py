@@ -69,6 +69,8 @@ class HFExport:
             owned = place.tp_group.rank() == 0 and place.owner_group.rank() == 0
             self.entries.append(_Entry(param, hf_source(place.global_name), place.partition_dim,
                                        place.tp_group if split else None, owned))
+        self._params = [e.param for e in self.entries]
+        self._gathers = any(e.gather_group is not None for e in self.entries)
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         return self.tensors()
@@ -82,15 +84,23 @@ class HFExport:
         tensor read in row-major order) instead of HF-shaped copies, for consumers that only read the bytes
         (:func:`weight_transfer.sender.send_weights`): on the H200 the three copies per layer cost a 1B
         model's export 0.3 ms of GPU and 1 ms of host time."""
-        return ExportedTensors(self._tensors(row_blocks), lambda: self.static_key(row_blocks))
+        return ExportedTensors(self._tensors(row_blocks), lambda: self.static_key(row_blocks),
+                               lambda: self.addresses(row_blocks))
+
+    def addresses(self, row_blocks: bool = False) -> tuple | None:
+        """The parameters' addresses where :meth:`static_key` may not be None: its cheap part, a tenth of
+        its cost (a 1B model: 0.012 against 0.11 ms on the H200's host)."""
+        if self._gathers:
+            return None
+        return row_blocks, tuple(map(torch.Tensor.data_ptr, self._params))
 
     def static_key(self, row_blocks: bool = False) -> tuple | None:
         """The addresses, shapes, strides and dtypes of the parameters when every exported tensor is a view
         of one (no TP gather, no copy); equal keys mean the export yields the very same tensors. None
         otherwise. Checked by exporting once whenever the parameters' layout changes."""
-        if any(e.gather_group is not None for e in self.entries):
+        if self._gathers:
             return None
-        key = (row_blocks, tuple((p.data_ptr(), p.shape, p.stride(), p.dtype) for p in (e.param for e in self.entries)))
+        key = (row_blocks, tuple((p.data_ptr(), p.shape, p.stride(), p.dtype) for p in self._params))
         known = self._views.get(row_blocks)
         if known is None or known[0] != key:
             views = all(t.untyped_storage().data_ptr() == e.param.untyped_storage().data_ptr()
@@ -108,16 +118,22 @@ class HFExport:
 
 
 class ExportedTensors:
-    """An export's (HF name, tensor) iterator with its ``static_key`` (:meth:`HFExport.static_key`): a
-    weight transfer replays its last pack of the same key instead of reading the iterator. The key is
-    computed when first read, so consumers that only iterate (a checkpoint save) do not pay for it."""
+    """An export's (HF name, tensor) iterator with its ``static_key`` (:meth:`HFExport.static_key`) and
+    ``addresses`` (:meth:`HFExport.addresses`; the static key where not given): a weight transfer replays
+    its last pack of the same key instead of reading the iterator, starting on equal addresses. Both are
+    computed when first read, so consumers that only iterate (a checkpoint save) do not pay for them."""
 
-    def __init__(self, tensors: Iterator[tuple[str, torch.Tensor]], static_key: Callable[[], tuple | None]):
-        self._tensors, self._static_key = tensors, static_key
+    def __init__(self, tensors: Iterator[tuple[str, torch.Tensor]], static_key: Callable[[], tuple | None],
+                 addresses: Callable[[], tuple | None] | None = None):
+        self._tensors, self._static_key, self._addresses = tensors, static_key, addresses
 
     @functools.cached_property
     def static_key(self) -> tuple | None:
         return self._static_key()
+
+    @functools.cached_property
+    def addresses(self) -> tuple | None:
+        return self._addresses() if self._addresses is not None else self.static_key
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         return self

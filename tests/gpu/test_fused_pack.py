@@ -123,10 +123,12 @@ class _Buffers(SenderTransport):
 
 
 class _Export:
-    """An export of fixed tensors with a static key; counts how often it is read."""
+    """An export of fixed tensors with a static key (and addresses, where given); counts how often it is read."""
 
-    def __init__(self, tensors: dict, static_key):
+    def __init__(self, tensors: dict, static_key, addresses=None):
         self.tensors, self.static_key, self.reads = tensors, static_key, 0
+        if addresses is not None:
+            self.addresses = addresses
 
     def __iter__(self):
         self.reads += 1
@@ -135,7 +137,8 @@ class _Export:
 
 def test_a_static_export_is_packed_by_replaying_its_first_send(monkeypatch):
     """Same key: the recorded launches pack the new values without reading the export; a new key (the
-    parameters moved) records again; an export with a tensor only copy_ can read is never replayed."""
+    parameters moved, or other tensors under the same addresses) records again; an export with a tensor
+    only copy_ can read is never replayed."""
     monkeypatch.setattr(sender, "_RECORDED", {})
     monkeypatch.setattr(fused_pack, "GROUP_BYTES", 1 << 20)
     gen = torch.Generator(device="cuda").manual_seed(3)
@@ -158,12 +161,15 @@ def test_a_static_export_is_packed_by_replaying_its_first_send(monkeypatch):
         assert export.reads == (1 if version == 0 else 0), f"version {version}: read {export.reads} times"
         for t in tensors.values():  # an optimizer step: new values in place
             t.add_(1)
+    relaid = _Export({n: t.clone() for n, t in tensors.items()}, ("params", "relaid"), addresses=("params", 1))
+    send(relaid, 3)  # the replay starts on the same addresses, the key then says the tensors are others
+    assert relaid.reads == 1, "a new key under the same addresses must be packed from the export"
     moved = _Export({n: t.clone() for n, t in tensors.items()}, ("params", 2))
-    send(moved, 3)
+    send(moved, 4)
     assert moved.reads == 1, "a new key must be packed from the export and recorded again"
     strided = {**tensors, "strided": torch.randn(64, 128, generator=gen, device="cuda").to(torch.bfloat16).t()}
     plan = TransferPlan.build(_specs(strided), TrainerLayout(num_layers=1), 4 << 20)
-    for version in (4, 5):
+    for version in (5, 6):
         export = _Export(strided, ("params", 3))
         send(export, version)
         assert export.reads == 1, "a tensor packed by copy_ cannot be replayed (it would be kept alive)"

@@ -218,23 +218,27 @@ def export_specs_rank(rank, world, init_method, hf_dir, cfg):
 
 
 def export_key_rank(rank, world, init_method, hf_dir, cfg, algorithm, batch):
-    """``export_weights``' static keys: first, again, after a training step, after a parameter moved, and
-    without row blocks; and whether the first export's tensors changed in place with the step."""
+    """``export_weights``' (static key, addresses): first, again, after a training step, after a parameter
+    moved, and without row blocks; and whether the first export's tensors changed in place with the step."""
     enable_cpu()
     from parallel.policy import MegatronPolicy
 
+    def keys(row_blocks=True):
+        export = policy.export_weights(row_blocks=row_blocks)
+        return export.static_key, export.addresses
+
     policy = MegatronPolicy(hf_dir, cfg, algorithm, rank, world, init_method)
-    keys = [policy.export_weights(row_blocks=True).static_key for _ in range(2)]
+    seen = [keys() for _ in range(2)]
     exported = dict(policy.export_weights(row_blocks=True))
     before = {n: t.clone() for n, t in exported.items()}
     policy.train_step(batch)
-    keys.append(policy.export_weights(row_blocks=True).static_key)
+    seen.append(keys())
     changed = sum(not torch.equal(before[n], t) for n, t in exported.items())
     param = next(p for p in policy.model.parameters() if p.dim() == 2)
     param.data = param.data.clone()  # an offload and reload would move it so
-    keys.append(policy.export_weights(row_blocks=True).static_key)
-    keys.append(policy.export_weights(row_blocks=False).static_key)
-    return keys, changed, len(exported)
+    seen.append(keys())
+    seen.append(keys(row_blocks=False))
+    return seen, changed, len(exported)
 
 
 def recompute_rank(rank, world, init_method, hf_dir, cfgs, algorithm, batch):

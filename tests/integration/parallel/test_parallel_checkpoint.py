@@ -146,12 +146,17 @@ def test_bf16_export_matches_the_transfer_plan_of_its_checkpoint(arch, tiny, tmp
 
 def test_an_export_of_views_keeps_its_static_key_across_steps_until_a_parameter_moves(tiny, batch, tmp_path):
     """A weight transfer replays its recorded pack while this key holds (``weight_transfer.sender``): the key
-    must stay through optimizer steps, which write the parameters in place, and change when one moves."""
+    and the addresses must stay through optimizer steps, which write the parameters in place, and change
+    when one moves."""
     rewarded = batch.select(list(range(batch.num_rows)))
     rewarded.advantages = rewarded.loss_mask.clone()
     (out,) = run_ranks(export_key_rank, 1, tmp_path, tiny["qwen3"], _cfg(), AlgorithmConfig(), rewarded)
-    (first, again, stepped, moved, copies), changed, exported = out
+    seen, changed, exported = out
+    (first, again, stepped, moved, copies), addresses = zip(*seen)
     assert first is not None and first == again == stepped
     assert changed == exported, "every exported view must show the step's new values"
     assert moved is not None and moved != first
     assert copies is None, "q, k and v of a GQA model are copies without row blocks: no static key"
+    # the addresses (the replay's cheap first check) follow the key: same through the step, new when one moved
+    assert addresses[0] is not None and addresses[0] == addresses[1] == addresses[2] != addresses[3]
+    assert addresses[4] != addresses[0], "row blocks or not: two different recorded packs"
