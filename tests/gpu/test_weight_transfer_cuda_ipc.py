@@ -84,11 +84,11 @@ def _update(senders, receiver, plan, version: int, dest: dict | None) -> float:
 
 
 # Measured on the H200 (fused copy-and-checksum kernel, IPC events instead of a host wait per bucket): 7B
-# 74-80% of a D2D copy over eight runs in four sessions (53-56% before the kernel); 1B 34-53% (21-28% before),
-# 46% and 49% with the sender replaying its recorded pack. The 1B set is bound by fixed costs per update
-# against 0.85 ms of copying: the replayed kernels alone take 1.0-1.1 ms (80-87% of D2D), the sender's call
-# 1.1-1.5 ms, and the handoff adds the pipe to the sender process and the receiver's store round trip.
-# Known near-miss, kept visible.
+# 74-80% of a D2D copy over eight runs in four sessions (53-56% before the kernel), 83% with one replayed
+# launch per bucket; 1B 34-53% (21-28% before), 46-49% with the sender replaying its recorded pack, 52%
+# with one launch per bucket. The 1B set is bound by fixed costs per update against 0.85 ms of copying:
+# the replayed kernel alone takes 0.94 ms (89% of D2D), and the handoff adds the sender's call, the pipe to
+# the sender process and the receiver's store round trip. Known near-miss, kept visible.
 _SMALL_MISS = pytest.mark.xfail(reason="fixed costs per update weigh against 0.85 ms of copying 1.8 GB (34-55% of D2D)",
                                 strict=False)
 
