@@ -69,11 +69,12 @@ LOGPROB_TOL_MAX, LOGPROB_TOL_MEAN = 0.3, 0.05
 # (no transfer involved): deeper random models drift further in bf16 (7B: mean 0.055 after the update).
 FLOOR_FACTOR = 1.5
 RECEIVER = "weight_transfer.vllm_receiver.WeightReceiver"
-# The transfer's legs as the coordinator times them (medians kept in the JSON rows, with the whole update's
-# and the pause window's): the trainer's send call as the coordinator sees it (``sender s`` is the trainer's
-# own time inside it), vLLM's receive call, and the time the worker spent inside that call (the rest is
-# collective_rpc's own). cuda_ipc has no receive call: the worker stages the mapped buckets at finish.
-LEGS = ("send", "receive", "receive_worker")
+# The update's legs as the coordinator times them (``weight_transfer.coordinator.LEGS``; medians kept in the
+# JSON rows, with the whole update's and the pause window's): the trainer's send call as the coordinator
+# sees it (``sender s`` is the trainer's own time inside it), vLLM's receive call and the time the worker
+# spent inside it (the rest is collective_rpc's own; cuda_ipc has no receive call: the worker stages the
+# mapped buckets at finish), then the pause window's: the pause call, the finish call, the worker's time
+# inside it, and its checksum pass.
 INIT_STD, UPDATE_STD = 0.02, 0.01
 
 
@@ -521,7 +522,9 @@ def run_size(size: str, args, cuda: bool, work: Path) -> dict:
                 received = (f"receive {r['receive_s'] * 1e3:.2f} ms (worker inside it {r['receive_worker_s'] * 1e3:.2f})"
                             if r["receive_s"] else "received at finish")
                 print(format_row(r) + f"  legs: send {r['send_s'] * 1e3:.2f} ms (trainer inside it {r['sender_s'] * 1e3:.2f}), "
-                      f"{received}; whole update {r['update_s'] * 1e3:.2f} ms, pause {r['pause_s'] * 1e3:.2f} ms; "
+                      f"{received}; whole update {r['update_s'] * 1e3:.2f} ms, pause {r['pause_s'] * 1e3:.2f} ms (pause call "
+                      f"{r['pause_call_s'] * 1e3:.2f}, finish call {r['finish_s'] * 1e3:.2f}, worker inside it "
+                      f"{r['finish_worker_s'] * 1e3:.2f}: checksums {r['verify_s'] * 1e3:.2f}, load {r['load_s'] * 1e3:.2f}); "
                       f"{r['replayed']}/{args.reps} sends replayed the recorded pack", flush=True)
             assert replica.serving
             logprobs[load] = check_logprobs(size, load, before, vllm_logprobs(llm), built["references"])
@@ -536,7 +539,7 @@ def run_bucket_size(size: str, mb: int, plan, bare_s: float, load: str, loads_by
                     first_version: int) -> dict:
     """One table row: ``--reps`` timed updates (after a warm-up) at ``mb`` MiB buckets, loaded by ``load``."""
     from weight_transfer.config import WeightTransferConfig
-    from weight_transfer.coordinator import WeightTransferCoordinator
+    from weight_transfer.coordinator import LEGS, WeightTransferCoordinator
 
     trainer.plan = plan
     config = WeightTransferConfig(transport={"type": args.transport}, bucket_size_mb=mb, timeout_s=args.timeout, load=load)

@@ -19,6 +19,9 @@ from weight_transfer.transports import receives_after_send
 
 log = logging.getLogger("weight_transfer")
 
+LEGS = ("send", "receive", "receive_worker", "pause_call", "finish", "finish_worker", "verify")
+"""The legs the metrics report as ``weight_transfer/<leg>_seconds`` (see ``_Attempt.legs``)."""
+
 
 class Senders(Protocol):
     """The trainer ranks that send (one call fans out to all of them)."""
@@ -47,9 +50,12 @@ class _Attempt:
     load_seconds: float = 0.0
     paused_at: float | None = None
     legs: dict = field(default_factory=dict)
-    """Seconds of the transfer's legs: send (the senders' call), receive (the slowest replica's receive
-    call) and receive_worker (the longest a worker spent inside it; the rest of the call is the RPC's own).
-    Transports whose receivers stage at finish have no receive legs."""
+    """Seconds of the update's legs (:data:`LEGS`): send (the senders' call), receive (the slowest replica's
+    receive call) and receive_worker (the longest a worker spent inside it; the rest of the call is the
+    RPC's own); then, inside the pause window, pause_call (pausing every replica), finish (the finish
+    calls), finish_worker (the longest a worker spent inside its finish: staging where the transport
+    stages at finish, verifying, loading) and verify (the longest checksum pass). Transports whose
+    receivers stage at finish have no receive legs."""
 
     def fail(self, replica: Replica, error: str) -> None:
         self.errors[replica.name] = error
@@ -125,7 +131,10 @@ class WeightTransferCoordinator:
         result.paused_at = time.perf_counter()
         paused = _run_all([(lambda r=r: r.pause(self.config.pause_mode)) for r in targets])
         ready = [r for r, out in zip(targets, paused) if not isinstance(out, Exception) or result.fail(r, f"pause: {out}")]
+        finish_at = time.perf_counter()
+        result.legs["pause_call"] = finish_at - result.paused_at
         self._finish(version, ready, sent, result, receive_at_finish=received is None)
+        result.legs["finish"] = time.perf_counter() - finish_at
         result.finished = True
         return result, transfer_s
 
@@ -221,6 +230,8 @@ class WeightTransferCoordinator:
             else:
                 result.ok.append(replica)
                 result.load_seconds = max([result.load_seconds] + [a["load_seconds"] for a in answer])
+                for leg, key in (("finish_worker", "seconds"), ("verify", "verify_seconds")):
+                    result.legs[leg] = max([result.legs.get(leg, 0.0)] + [a[key] for a in answer])
 
     @staticmethod
     def _check_report(version: int, answer, expected: dict, digests: dict) -> str | None:
@@ -276,9 +287,7 @@ class WeightTransferCoordinator:
         nbytes = self.plan.nbytes
         return {"weight_transfer/seconds": seconds,
                 "weight_transfer/transfer_seconds": stats["transfer"],
-                "weight_transfer/send_seconds": stats.get("send", 0.0),
-                "weight_transfer/receive_seconds": stats.get("receive", 0.0),
-                "weight_transfer/receive_worker_seconds": stats.get("receive_worker", 0.0),
+                **{f"weight_transfer/{leg}_seconds": stats.get(leg, 0.0) for leg in LEGS},
                 "weight_transfer/load_seconds": stats["load"],
                 "weight_transfer/bytes": float(nbytes),
                 "weight_transfer/gb_per_s": nbytes / stats["transfer"] / 1e9 if stats["transfer"] else 0.0,

@@ -85,16 +85,20 @@ class WeightReceiver:
         ``receive`` (``wt_receive``'s message) the buckets are staged here first: transports whose send
         leaves them where the worker reads them (``receives_after_send``) spare the update that call.
 
-        Returns ``{"ok", "version", "checksums", "tensors", "error", "load_seconds"}``; on a mismatch nothing
-        is loaded and ``version`` stays the previous one.
+        Returns ``{"ok", "version", "checksums", "tensors", "error", "seconds", "verify_seconds",
+        "load_seconds"}`` (``seconds``: all of this call; ``verify_seconds``: the checksums); on a mismatch
+        nothing is loaded and ``version`` stays the previous one.
         """
+        start = time.perf_counter()
         msg = json.loads(payload)
         report = {"checksums": {}, "tensors": {}, "version": getattr(self, "_wt_version", None)}
         error = self._wt_stage(msg["receive"]) if "receive" in msg else None
         if error:
             return {**report, "ok": False, "error": f"receive: {error}"}
         staged, self._wt_staged = self._wt_staged, []
+        verify_at = time.perf_counter()
         checksums = {str(b.index): bucket_checksum(flat) for b, flat in staged}
+        verify_s = time.perf_counter() - verify_at
         bad = sorted((i for i, c in checksums.items() if msg["expected"].get(i) != c), key=int)
         missing = sorted(set(msg["expected"]) - set(checksums), key=int)
         report["checksums"] = checksums
@@ -104,15 +108,17 @@ class WeightReceiver:
         tensors = [pair for b, flat in staged for pair in unpack(b, flat)]
         if msg.get("digests"):
             report["tensors"] = {name: tensor_digest(t) for name, t in tensors}
-        start = time.perf_counter()
+        load_at = time.perf_counter()
         if getattr(self, "_wt_load", "reload") == "direct":
             with torch.no_grad():
                 self.get_model().load_weights(iter(tensors))
         else:
             self.reload_weights(weights_iterator=iter(tensors))
+        load_s = time.perf_counter() - load_at
         self._wt_transport.release(msg["version"])
         self._wt_version = msg["version"]
-        return {**report, "ok": True, "version": msg["version"], "load_seconds": time.perf_counter() - start}
+        return {**report, "ok": True, "version": msg["version"], "seconds": time.perf_counter() - start,
+                "verify_seconds": verify_s, "load_seconds": load_s}
 
 
 def _direct_load_blocker(model: torch.nn.Module, device: torch.device) -> str | None:

@@ -44,6 +44,9 @@ def test_update_reaches_two_replicas_over_both_cpu_transports(arch, tmp_path, mo
             legs = [metrics[f"weight_transfer/{leg}_seconds"] for leg in ("receive_worker", "receive", "transfer")]
             assert 0 < metrics["weight_transfer/send_seconds"] <= legs[2], metrics
             assert (legs[:2] == [0, 0]) if at_finish else (0 < legs[0] <= legs[1] <= legs[2]), metrics
+            window = [metrics[f"weight_transfer/{leg}_seconds"] for leg in ("verify", "finish_worker", "finish", "pause")]
+            assert 0 < window[0] <= window[1] <= window[2] <= window[3], metrics
+            assert metrics["weight_transfer/load_seconds"] <= window[1], metrics
             expected = hf_logprobs(model, perturbed(model, version), tmp_path)
             assert max_diff(expected, original) > 0.05, "the perturbation must move log-probs measurably"
             for replica in replicas:
