@@ -33,6 +33,13 @@ def checksum_words(flat: torch.Tensor) -> torch.Tensor:
     return torch.stack([plain, weighted])
 
 
+def checksum_texts(words: dict) -> dict:
+    """``{key: (nbytes, checksum words on the device)}`` -> ``{key: checksum}``, read back with one wait for
+    the device instead of one per bucket."""
+    values = torch.stack([w for _, w in words.values()]).tolist() if words else []
+    return {key: checksum_text(nbytes, v) for (key, (nbytes, _)), v in zip(words.items(), values)}
+
+
 def checksum_text(nbytes: int, words: list[int]) -> str:
     """The checksum of a bucket of ``nbytes`` from its two words (read back from the device)."""
     plain, weighted = words

@@ -19,7 +19,7 @@ import torch
 
 from weight_transfer import fused_pack
 from weight_transfer.buckets import Bucket, check_slot, slot_view, zero_padding
-from weight_transfer.checksum import checksum_text, checksum_words, tensor_digest
+from weight_transfer.checksum import checksum_texts, checksum_words, tensor_digest
 from weight_transfer.plan import TransferPlan
 from weight_transfer.transports.base import SenderTransport
 
@@ -161,6 +161,5 @@ def _replay(recorded: _Recording, weights, transport: SenderTransport, version: 
 
 def _report(mine: list[Bucket], sums: dict[int, torch.Tensor], tensors: dict, replayed: bool) -> dict:
     nbytes = {b.index: b.nbytes for b in mine}
-    words = torch.stack(list(sums.values())).tolist() if sums else []  # one wait for the device, not one a bucket
-    return {"buckets": {index: checksum_text(nbytes[index], w) for index, w in zip(sums, words)}, "tensors": tensors,
-            "replayed": replayed}
+    return {"buckets": checksum_texts({index: (nbytes[index], words) for index, words in sums.items()}),
+            "tensors": tensors, "replayed": replayed}

@@ -19,7 +19,7 @@ import time
 import torch
 
 from weight_transfer.buckets import unpack
-from weight_transfer.checksum import bucket_checksum, tensor_digest
+from weight_transfer.checksum import checksum_texts, checksum_words, tensor_digest
 from weight_transfer.plan import TransferPlan
 from weight_transfer.transports import TransportError, make_receiver
 
@@ -97,7 +97,7 @@ class WeightReceiver:
             return {**report, "ok": False, "error": f"receive: {error}"}
         staged, self._wt_staged = self._wt_staged, []
         verify_at = time.perf_counter()
-        checksums = {str(b.index): bucket_checksum(flat) for b, flat in staged}
+        checksums = checksum_texts({str(b.index): (flat.numel(), checksum_words(flat)) for b, flat in staged})
         verify_s = time.perf_counter() - verify_at
         bad = sorted((i for i, c in checksums.items() if msg["expected"].get(i) != c), key=int)
         missing = sorted(set(msg["expected"]) - set(checksums), key=int)
