@@ -1,10 +1,12 @@
 """CUDA IPC for a trainer and a sampler on the same GPU: one IPC handle per bucket, published in a small
 rendezvous store the sender hosts; the receiver maps the sender's buffer (no copy).
 
-Each bucket also has an interprocess CUDA event: the sender records it after packing and publishes at
-once, and the receiver makes its stream wait on it. Neither side blocks its host on the other's GPU
-work, so the sender enqueues the next bucket while the GPU still packs this one (a host wait per
-bucket left the GPU idle while the sender's Python caught up).
+Each bucket also has an interprocess CUDA event: the sender records it after packing, and the receiver
+makes its stream wait on it. Neither side blocks its host on the other's GPU work, so the sender enqueues
+the next bucket while the GPU still packs this one (a host wait per bucket left the GPU idle while the
+sender's Python caught up). The handles are published at ``finish``, all of a version's in one store
+round trip: receivers read them only after the sender's call returns (below), and a round trip between
+two buckets' launches kept the GPU waiting for the second.
 
 The sender packs every version into the same per-bucket buffers (allocated at the first send, kept until
 ``close``: the trainer holds one copy of the exported weights for the session), so each buffer is shared
@@ -61,6 +63,7 @@ class CudaIpcSender(SenderTransport):
         self.buffers: dict[int, torch.Tensor] = {}
         self.events: dict[int, torch.cuda.Event] = {}
         self.handles: dict[int, str] = {}
+        self.sent: dict[str, str] = {}  # this version's store keys and handles, published at finish
 
     def buffer(self, bucket: Bucket, device: torch.device) -> torch.Tensor:
         flat = self.buffers.get(bucket.index)
@@ -79,10 +82,15 @@ class CudaIpcSender(SenderTransport):
             handle = self.handles[bucket.index] = base64.b64encode(
                 pickle.dumps((self.uuid, rebuild, args, event.ipc_handle()))).decode()
         self.events[bucket.index].record(torch.cuda.current_stream(flat.device))  # before the key is visible
-        self.store.set(f"v{version}/b{bucket.index}", handle)
+        self.sent[f"v{version}/b{bucket.index}"] = handle
+
+    def finish(self, version: int) -> None:
+        if self.sent:
+            self.store.multi_set(list(self.sent), list(self.sent.values()))
+        self.sent = {}
 
     def close(self) -> None:
-        self.buffers, self.events, self.handles = {}, {}, {}
+        self.buffers, self.events, self.handles, self.sent = {}, {}, {}, {}
 
 
 class CudaIpcReceiver(ReceiverTransport):
