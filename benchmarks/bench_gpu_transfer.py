@@ -25,6 +25,12 @@ weights within bf16 tolerance.
     python benchmarks/bench_gpu_transfer.py --transport cuda_ipc --load reload,direct   # both load paths
     python benchmarks/bench_gpu_transfer.py --dry-run                     # CPU: tiny model, gloo, vLLM on CPU
 
+``--before-send`` says what the trainer does right before each update: ``idle`` (updates back to back: the
+trainer process waits out the previous update's pause window, ~25 ms) or ``forward`` (a log-prob forward
+pass on the fixed prompt, as the RL loop's update follows the trainer's own step). On the H200 a 25 ms idle
+gap before a 1B send made it 1.66-1.69 ms instead of 1.10-1.23 ms (no vLLM engine; a D2D copy after the
+same gap: 0.91 against 0.83 ms): the host's wake-up, not the GPU.
+
 GB = 1e9 bytes. "transfer s" is the coordinator's wall time of one update's transfer (senders'
 export + pack + checksum + send, concurrently with the replica's receive RPC), median of --reps.
 """
@@ -283,6 +289,11 @@ def _trainer(conn, cuda: bool) -> None:
                 state["plan"] = TransferPlan.from_json(args[0])
                 state["transport"] = make_sender(args[1], 0, device)
                 conn.send(("ok", None))
+            elif command == "forward":
+                state["policy"].compute_logprobs(state["batch"])
+                if cuda:
+                    torch.cuda.synchronize()
+                conn.send(("ok", None))
             elif command == "send":
                 from weight_transfer.sender import send_weights
 
@@ -370,7 +381,7 @@ def _build_policy(state: dict, hf_dir: Path, cuda: bool, device, trainer: str = 
             if p.dim() >= 2:
                 p.add_(torch.randn(p.shape, generator=gen, device=device, dtype=torch.float32).mul_(UPDATE_STD).to(p.dtype))
     logp = policy.compute_logprobs(batch)[0]
-    state["policy"] = policy
+    state["policy"], state["batch"] = policy, batch
     rows = [logp[b, 1:len(t)].float().tolist() for b, t in enumerate(TOKENS)]
     loaded_rows = [loaded[b, 1:len(t)].float().tolist() for b, t in enumerate(TOKENS)]
     hf_updated = transformers_logprobs(hf_dir, device, hf_dtype, dict(policy.export_weights()))
@@ -515,9 +526,9 @@ def run_size(size: str, args, cuda: bool, work: Path) -> dict:
             how = replica.call("wt_describe", {"load": load}, 60)[0]
             if how["load_error"]:
                 raise SystemExit(f"--load {load}: {how['load_error']}")
-            for mb in args.buckets:
-                rows.append(run_bucket_size(size, mb, plans[mb], bare[mb], load, how["load"], args, replica, trainer,
-                                            first_version=len(rows) * 100 + 1))
+            for before_send, mb in ((b, mb) for b in args.before_send for mb in args.buckets):
+                rows.append(run_bucket_size(size, mb, plans[mb], bare[mb], load, how["load"], before_send, args, replica,
+                                            trainer, first_version=len(rows) * 100 + 1))
                 r = rows[-1]
                 received = (f"receive {r['receive_s'] * 1e3:.2f} ms (worker inside it {r['receive_worker_s'] * 1e3:.2f})"
                             if r["receive_s"] else "received at finish")
@@ -535,9 +546,10 @@ def run_size(size: str, args, cuda: bool, work: Path) -> dict:
         trainer.shutdown()
 
 
-def run_bucket_size(size: str, mb: int, plan, bare_s: float, load: str, loads_by: str, args, replica, trainer,
-                    first_version: int) -> dict:
-    """One table row: ``--reps`` timed updates (after a warm-up) at ``mb`` MiB buckets, loaded by ``load``."""
+def run_bucket_size(size: str, mb: int, plan, bare_s: float, load: str, loads_by: str, before: str, args, replica,
+                    trainer, first_version: int) -> dict:
+    """One table row: ``--reps`` timed updates (after a warm-up) at ``mb`` MiB buckets, loaded by ``load``,
+    each after ``before`` (``--before-send``)."""
     from weight_transfer.config import WeightTransferConfig
     from weight_transfer.coordinator import LEGS, WeightTransferCoordinator
 
@@ -546,6 +558,8 @@ def run_bucket_size(size: str, mb: int, plan, bare_s: float, load: str, loads_by
     coordinator = WeightTransferCoordinator(config, plan, [replica], trainer)
     transfer, loaded, sender, replayed, legs = [], [], [], [], {leg: [] for leg in LEGS + ("update", "pause")}
     for i in range(args.reps + 1):
+        if before == "forward":
+            trainer.call("forward")
         metrics = coordinator.update(first_version + i)
         if metrics["weight_transfer/retries"] or metrics["weight_transfer/quarantined"]:
             raise RuntimeError(f"[{size}] {mb} MiB: update needed retries or quarantined: {metrics}")
@@ -560,7 +574,7 @@ def run_bucket_size(size: str, mb: int, plan, bare_s: float, load: str, loads_by
     replica.call("wt_close_transport", {}, 60)
     seconds = statistics.median(transfer)
     row = dict(size=size, bucket_mb=mb, buckets=len(plan.buckets), bytes=plan.nbytes, transfer_s=seconds,
-               sender_s=statistics.median(sender), load=loads_by, load_s=statistics.median(loaded),
+               sender_s=statistics.median(sender), load=loads_by, load_s=statistics.median(loaded), before=before,
                gbps=plan.nbytes / seconds / 1e9, bare_s=bare_s, bare_gbps=plan.nbytes / bare_s / 1e9,
                replayed=sum(replayed))
     row["ratio"] = row["gbps"] / row["bare_gbps"]
@@ -592,12 +606,12 @@ def check_logprobs(size: str, load: str, before: list, after: list, references: 
 # ------------------------------------------------------------------------------------------------- output
 
 BASELINE = {"broadcast": "bare broadcast, NCCL GPU0 -> GPU1 (gloo in --dry-run)", "cuda_ipc": "device-to-device copy on GPU 0"}
-HEADER = ("| model | bucket | buckets | bytes | transfer s | sender s | GB/s | baseline s | baseline GB/s | ratio | vLLM load | load s |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|")
+HEADER = ("| model | bucket | buckets | bytes | before send | transfer s | sender s | GB/s | baseline s | baseline GB/s | ratio "
+          "| vLLM load | load s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def format_row(r: dict) -> str:
-    return (f"| {r['size']} | {r['bucket_mb']} MiB | {r['buckets']} | {r['bytes'] / 1e9:.3f} GB | {r['transfer_s']:.4f} "
+    return (f"| {r['size']} | {r['bucket_mb']} MiB | {r['buckets']} | {r['bytes'] / 1e9:.3f} GB | {r['before']} | {r['transfer_s']:.4f} "
             f"| {r['sender_s']:.4f} | {r['gbps']:.1f} | {r['bare_s']:.4f} | {r['bare_gbps']:.1f} | {r['ratio']:.0%} "
             f"| {r['load']} | {r['load_s']:.3f} |")
 
@@ -614,7 +628,7 @@ def print_table(results: dict, target: float, transport: str) -> bool:
     for size, res in results.items():
         big = [r for r in res["rows"] if r["bucket_mb"] >= 1024]
         hit = all(r["ratio"] >= target for r in big)
-        ratios = ", ".join("%d MiB %.0f%%" % (r["bucket_mb"], 100 * r["ratio"]) for r in big) or "no bucket >= 1 GiB"
+        ratios = ", ".join("%d MiB %s %.0f%%" % (r["bucket_mb"], r["before"], 100 * r["ratio"]) for r in big) or "no bucket >= 1 GiB"
         print(f"{size}: bandwidth target {'met' if hit else 'MISSED'} ({ratios}); "
               f"log-probs {', '.join(f'load={k} ' + ('OK' if v['ok'] else 'FAIL') for k, v in res['logprobs'].items())}; "
               f"{res['seconds']:.0f} s")
@@ -642,6 +656,9 @@ def _parse(argv=None):
     p.add_argument("--load", default="auto",
                    help="weight_transfer.load modes, comma-separated (auto, reload, direct); vLLM goes back to the "
                         "checkpoint between modes so each one's updates are checked")
+    p.add_argument("--before-send", default="idle,forward",
+                   help="what the trainer does right before each update, comma-separated: idle (updates back to back) "
+                        "or forward (a log-prob forward pass, as an RL step's update follows the trainer's own work)")
     p.add_argument("--timeout", type=float, default=300.0, help="transport timeout, seconds")
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--workdir", default=None, help="where the random checkpoints go (default: a temp dir)")
@@ -660,6 +677,10 @@ def _parse(argv=None):
                 "not fit on one H200; add --trainer model (the megatron model's weights alone)")
     args.buckets = [int(b) for b in args.buckets.split(",")]
     args.load = [m.strip() for m in args.load.split(",") if m.strip()]
+    args.before_send = [m.strip() for m in args.before_send.split(",") if m.strip()]
+    for m in args.before_send:
+        if m not in ("idle", "forward"):
+            p.error(f"--before-send: unknown {m!r}; use idle, forward")
     for m in args.load:
         if m not in LOAD_MODES:
             p.error(f"--load: unknown {m!r}; use one of {LOAD_MODES}")
