@@ -330,14 +330,11 @@ class MegatronWeights:
 
         cpu_compat.enable()  # before megatron is imported, as MegatronPolicy does
         from parallel.groups import init_distributed
-        from parallel.provider import build_model
-        from parallel.weights.hf_import import load_hf_weights
+        from parallel.provider import load_model
 
         self.cfg = cfg
         self.pgs = init_distributed(cfg.parallel, 0, 1, init_method)
-        self.model = build_model(hf_dir, cfg, self.pgs)
-        self.model.requires_grad_(False)
-        load_hf_weights(self.model, hf_dir, self.pgs)
+        self.model = load_model(hf_dir, cfg, self.pgs).requires_grad_(False)
         self._export = None
 
     def compute_logprobs(self, batch):

@@ -119,13 +119,11 @@ class MegatronCritic:
         cpu_compat.enable()
         from parallel.groups import init_distributed
         from parallel.optim import build_optimizer, wrap_ddp
-        from parallel.provider import build_model
-        from parallel.weights.hf_import import load_hf_weights
+        from parallel.provider import load_model
 
         self.cfg, self.critic, self.hf_dir, self.steps = cfg, critic, str(hf_dir), 0
         self.pgs = pgs or init_distributed(cfg.parallel, rank, world_size, init_method)
-        model = build_model(hf_dir, cfg, self.pgs)
-        load_hf_weights(model, hf_dir, self.pgs)
+        model = load_model(hf_dir, cfg, self.pgs)
         attach_value_head(model, critic.head_init_std)
         self.model = wrap_ddp(model, cfg, self.pgs)
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg, self.pgs)

@@ -22,14 +22,12 @@ class MegatronPolicy:
         cpu_compat.enable()
         from parallel.groups import init_distributed
         from parallel.optim import build_optimizer, wrap_ddp
-        from parallel.provider import build_model
+        from parallel.provider import load_model
         from parallel.routing import RoutingReplay
-        from parallel.weights.hf_import import load_hf_weights
 
         self.cfg, self.algorithm, self.hf_dir = cfg, algorithm, str(hf_dir)
         self.pgs = init_distributed(cfg.parallel, rank, world_size, init_method)
-        model = build_model(hf_dir, cfg, self.pgs)
-        load_hf_weights(model, hf_dir, self.pgs)
+        model = load_model(hf_dir, cfg, self.pgs)
         self.model = wrap_ddp(model, cfg, self.pgs)
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg, self.pgs)
         self.routing = RoutingReplay(self.model) if model.config.num_moe_experts else None

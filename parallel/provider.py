@@ -13,6 +13,7 @@ from transformers import AutoConfig
 from parallel.architectures import architecture_of, rope_theta, transformer_config_kwargs, vocab_size
 from parallel.config import TrainerConfig
 from parallel.layers.spec import build_layer_spec, norms_in_params_dtype, resolve
+from parallel.weights.hf_import import load_hf_weights
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -69,11 +70,17 @@ def layer_spec(config: TransformerConfig, cfg: TrainerConfig) -> ModuleSpec:
         raise ValueError(f"trainer.use_transformer_engine: {e}") from e
 
 
-def build_model(hf_dir: str | Path, cfg: TrainerConfig, pg_collection) -> GPTModel:
-    """This rank's GPTModel (its pipeline stage, TP shard and local experts), randomly initialised.
+def load_model(hf_dir: str | Path, cfg: TrainerConfig, pg_collection) -> GPTModel:
+    """This rank's GPTModel with the checkpoint's weights: :func:`build_model`, then
+    :func:`parallel.weights.hf_import.load_hf_weights`."""
+    model = build_model(hf_dir, cfg, pg_collection)
+    load_hf_weights(model, hf_dir, pg_collection)
+    return model
 
-    Load weights with :func:`parallel.weights.hf_import.load_hf_weights`.
-    """
+
+def build_model(hf_dir: str | Path, cfg: TrainerConfig, pg_collection) -> GPTModel:
+    """This rank's GPTModel (its pipeline stage, TP shard and local experts), randomly initialised
+    (:func:`load_model` loads the checkpoint's weights into it)."""
     hf_config = load_hf_config(hf_dir)
     architecture_of(hf_config)
     config = transformer_config(hf_config, cfg, pg_collection)

@@ -58,14 +58,12 @@ def _hf_logprobs(hf_dir, batch, dtype) -> torch.Tensor:
 def _megatron_logprobs(hf_dir, batch, port: int) -> torch.Tensor:
     from parallel.groups import destroy_distributed, init_distributed
     from parallel.logprob_pass import compute_logprobs
-    from parallel.provider import build_model
-    from parallel.weights.hf_import import load_hf_weights
+    from parallel.provider import load_model
 
     cfg = TrainerConfig(dtype="bfloat16", max_tokens_per_micro_batch=1024)
     pgs = init_distributed(cfg.parallel, 0, 1, f"tcp://127.0.0.1:{port}")
     try:
-        model = build_model(hf_dir, cfg, pgs)
-        load_hf_weights(model, hf_dir, pgs)
+        model = load_model(hf_dir, cfg, pgs)
         return compute_logprobs(model, batch, cfg.max_tokens_per_micro_batch, pgs)[0]
     finally:
         destroy_distributed()

@@ -53,15 +53,13 @@ def logprobs_rank(rank, world, init_method, cases, batch):
     enable_cpu()
     from parallel.groups import init_distributed
     from parallel.logprob_pass import compute_logprobs
-    from parallel.provider import build_model
+    from parallel.provider import load_model
     from parallel.weights.hf_export import iter_hf_weights
-    from parallel.weights.hf_import import load_hf_weights
 
     pgs = init_distributed(cases[0][1].parallel, rank, world, init_method)
     out = []
     for hf_dir, cfg in cases:
-        model = build_model(hf_dir, cfg, pgs)
-        load_hf_weights(model, hf_dir, pgs)
+        model = load_model(hf_dir, cfg, pgs)
         logp, ent, _ = compute_logprobs(model, batch, cfg.max_tokens_per_micro_batch, pgs)
         out.append((logp, ent, dict(iter_hf_weights(model, pgs))))
     return out

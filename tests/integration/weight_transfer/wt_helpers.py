@@ -183,13 +183,11 @@ class MegatronExport:
         cpu_compat.enable()
         from parallel.config import ParallelConfig, TrainerConfig
         from parallel.groups import init_distributed
-        from parallel.provider import build_model
-        from parallel.weights.hf_import import load_hf_weights
+        from parallel.provider import load_model
 
         cfg = TrainerConfig(num_ranks=self.tp, parallel=ParallelConfig(tensor_model_parallel_size=self.tp))
         pgs = init_distributed(cfg.parallel, rank, self.tp, self.init_method)
-        model = build_model(self.model_dir, cfg, pgs)
-        load_hf_weights(model, self.model_dir, pgs)
+        model = load_model(self.model_dir, cfg, pgs)
         return cfg, pgs, model
 
     def __call__(self, rank: int, version: int):
