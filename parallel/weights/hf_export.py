@@ -119,9 +119,9 @@ class HFExport:
 
 class ExportedTensors:
     """An export's (HF name, tensor) iterator with its ``static_key`` (:meth:`HFExport.static_key`) and
-    ``addresses`` (:meth:`HFExport.addresses`; the static key where not given): a weight transfer replays
-    its last pack of the same key instead of reading the iterator, starting on equal addresses. Both are
-    computed when first read, so consumers that only iterate (a checkpoint save) do not pay for them."""
+    ``addresses`` (:meth:`HFExport.addresses`; None where not given): a weight transfer replays its last
+    pack of the same key instead of reading the iterator, starting on equal addresses. Both are computed
+    when first read, so consumers that only iterate (a checkpoint save) do not pay for them."""
 
     def __init__(self, tensors: Iterator[tuple[str, torch.Tensor]], static_key: Callable[[], tuple | None],
                  addresses: Callable[[], tuple | None] | None = None):
@@ -133,7 +133,7 @@ class ExportedTensors:
 
     @functools.cached_property
     def addresses(self) -> tuple | None:
-        return self._addresses() if self._addresses is not None else self.static_key
+        return self._addresses() if self._addresses is not None else None
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         return self
