@@ -82,6 +82,7 @@ RECEIVER = "weight_transfer.vllm_receiver.WeightReceiver"
 # mapped buckets at finish), then the pause window's: the pause call, the finish call, the worker's time
 # inside it, and its checksum pass.
 INIT_STD, UPDATE_STD = 0.02, 0.01
+BEFORE_SEND = ("idle", "forward")  # --before-send modes (module docstring)
 
 
 def free_port() -> int:
@@ -653,7 +654,7 @@ def _parse(argv=None):
     p.add_argument("--load", default="auto",
                    help="weight_transfer.load modes, comma-separated (auto, reload, direct); vLLM goes back to the "
                         "checkpoint between modes so each one's updates are checked")
-    p.add_argument("--before-send", default="idle,forward",
+    p.add_argument("--before-send", default=",".join(BEFORE_SEND),
                    help="what the trainer does right before each update, comma-separated: idle (updates back to back) "
                         "or forward (a log-prob forward pass, as an RL step's update follows the trainer's own work)")
     p.add_argument("--timeout", type=float, default=300.0, help="transport timeout, seconds")
@@ -676,8 +677,8 @@ def _parse(argv=None):
     args.load = [m.strip() for m in args.load.split(",") if m.strip()]
     args.before_send = [m.strip() for m in args.before_send.split(",") if m.strip()]
     for m in args.before_send:
-        if m not in ("idle", "forward"):
-            p.error(f"--before-send: unknown {m!r}; use idle, forward")
+        if m not in BEFORE_SEND:
+            p.error(f"--before-send: unknown {m!r}; use one of {BEFORE_SEND}")
     for m in args.load:
         if m not in LOAD_MODES:
             p.error(f"--load: unknown {m!r}; use one of {LOAD_MODES}")
