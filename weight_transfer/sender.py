@@ -4,10 +4,11 @@ soon as it is full, in plan order. Returns the checksums the coordinator compare
 An export whose tensors are views of the trainer's parameters reads the same addresses every update; it
 says so with a ``static_key`` (see :class:`parallel.weights.hf_export.ExportedTensors`). Its CUDA pack is
 then recorded once, one launch per bucket, and replayed while the key stays the same: the kernel launches
-alone, without the export's and the packing's Python per tensor (on the H200 that host work, not the copy,
-set the pace of a 1B model's send). The full key costs 0.1-0.16 ms of a 1B model's 1.5 ms send to build,
+alone (one CUDA graph where the buffers repeat, :class:`weight_transfer.fused_pack.Replay`), without the
+export's and the packing's Python per tensor (on the H200 that host work, not the copy, set the pace of a
+1B model's send). The full key costs 0.1-0.16 ms of a 1B model's 1.5 ms send to build,
 so the replay starts on the export's ``addresses`` (the parameters' addresses, a tenth of that) and the
-key is compared while the GPU packs the first bucket; a mismatch packs afresh before anything is sent.
+key is compared while the GPU packs; a mismatch packs afresh before anything is sent.
 """
 
 from __future__ import annotations
@@ -52,17 +53,17 @@ class _OpenBucket:
 
     @property
     def replayable(self) -> bool:
-        """Whether :func:`fused_pack.replay` can pack this bucket again (every tensor went through the kernel)."""
+        """Whether :class:`fused_pack.Replay` can pack this bucket again (every tensor went through the kernel)."""
         return self.fused is not None and self.fused.replayable
 
 
 @dataclass(frozen=True)
 class _Recording:
-    """A rank's last recorded pack: the export's addresses and static key, and each bucket's launch."""
+    """A rank's last recorded pack: the export's addresses and static key, and its buckets' replay."""
 
     addresses: object
     key: object
-    buckets: list[tuple[Bucket, tuple | None]]
+    pack: fused_pack.Replay
 
 
 _RECORDED: dict[tuple[str, int], _Recording] = {}  # (plan fingerprint, rank) -> the last recorded pack
@@ -134,7 +135,7 @@ def send_weights(plan: TransferPlan, rank: int, weights: Iterable[tuple[str, tor
     if recording is not None:
         if len(_RECORDED) >= _MAX_RECORDED:
             _RECORDED.clear()
-        _RECORDED[(plan.fingerprint, rank)] = _Recording(_addresses(weights), key, recording)
+        _RECORDED[(plan.fingerprint, rank)] = _Recording(_addresses(weights), key, fused_pack.Replay(recording))
     return _report(mine, sums, tensors, replayed=False)
 
 
@@ -145,18 +146,17 @@ def _addresses(weights) -> object:
 
 
 def _replay(recorded: _Recording, weights, transport: SenderTransport, version: int, device: torch.device) -> dict | None:
-    """Pack and send every bucket by its recorded launch; None, with nothing sent, when the export's static
-    key (built while the GPU packs the first bucket) is not the recorded one."""
-    sums = {}
-    for i, (bucket, launch) in enumerate(recorded.buckets):
-        flat = transport.buffer(bucket, device)
-        zero_padding(bucket, flat)
-        sums[bucket.index] = fused_pack.replay(flat, launch)
-        if i == 0 and getattr(weights, "static_key", None) != recorded.key:
-            return None
+    """Pack every bucket by the recorded launches and send them; None, with nothing sent, when the
+    export's static key (built while the GPU packs) is not the recorded one."""
+    buckets = recorded.pack.buckets
+    flats = [transport.buffer(bucket, device) for bucket in buckets]
+    sums = recorded.pack.run(flats)
+    if getattr(weights, "static_key", None) != recorded.key:
+        return None
+    for bucket, flat in zip(buckets, flats):
         transport.send(version, bucket, flat)
     transport.finish(version)
-    return _report([b for b, _ in recorded.buckets], sums, {}, replayed=True)
+    return _report(buckets, dict(zip((b.index for b in buckets), sums)), {}, replayed=True)
 
 
 def _report(mine: list[Bucket], sums: dict[int, torch.Tensor], tensors: dict, replayed: bool) -> dict:

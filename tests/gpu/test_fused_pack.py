@@ -136,9 +136,10 @@ class _Export:
 
 
 def test_a_static_export_is_packed_by_replaying_its_first_send(monkeypatch):
-    """Same key: the recorded launches pack the new values without reading the export; a new key (the
-    parameters moved, or other tensors under the same addresses) records again; an export with a tensor
-    only copy_ can read is never replayed."""
+    """Same key: the recorded launches pack the new values without reading the export, as a CUDA graph once
+    the transport's buffers repeat (new buffers: launched per bucket, their padding zeroed, then a new
+    graph); a new key (the parameters moved, or other tensors under the same addresses) records again; an
+    export with a tensor only copy_ can read is never replayed."""
     monkeypatch.setattr(sender, "_RECORDED", {})
     monkeypatch.setattr(fused_pack, "GROUP_BYTES", 1 << 20)
     gen = torch.Generator(device="cuda").manual_seed(3)
@@ -155,21 +156,26 @@ def test_a_static_export_is_packed_by_replaying_its_first_send(monkeypatch):
             assert torch.equal(transport.flats[bucket.index], want), f"version {version} bucket {bucket.index}"
             assert out["buckets"][bucket.index] == bucket_checksum(want), f"version {version} bucket {bucket.index}"
 
-    for version in range(3):
+    for version in range(6):
+        if version == 4:  # the transport allocates anew, with garbage where the padding is
+            transport.flats = {i: torch.full_like(f, 255) for i, f in transport.flats.items()}
         export = _Export(tensors, ("params", 1))
         send(export, version)
         assert export.reads == (1 if version == 0 else 0), f"version {version}: read {export.reads} times"
+        (recording,) = sender._RECORDED.values()
+        graphed = recording.pack._graph is not None
+        assert graphed == (version in (2, 3, 5)), f"version {version}: replayed as a graph {graphed}"
         for t in tensors.values():  # an optimizer step: new values in place
             t.add_(1)
     relaid = _Export({n: t.clone() for n, t in tensors.items()}, ("params", "relaid"), addresses=("params", 1))
-    send(relaid, 3)  # the replay starts on the same addresses, the key then says the tensors are others
+    send(relaid, 6)  # the replay starts on the same addresses, the key then says the tensors are others
     assert relaid.reads == 1, "a new key under the same addresses must be packed from the export"
     moved = _Export({n: t.clone() for n, t in tensors.items()}, ("params", 2))
-    send(moved, 4)
+    send(moved, 7)
     assert moved.reads == 1, "a new key must be packed from the export and recorded again"
     strided = {**tensors, "strided": torch.randn(64, 128, generator=gen, device="cuda").to(torch.bfloat16).t()}
     plan = TransferPlan.build(_specs(strided), TrainerLayout(num_layers=1), 4 << 20)
-    for version in (5, 6):
+    for version in (8, 9):
         export = _Export(strided, ("params", 3))
         send(export, version)
         assert export.reads == 1, "a tensor packed by copy_ cannot be replayed (it would be kept alive)"
