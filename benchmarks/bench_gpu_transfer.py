@@ -27,9 +27,9 @@ weights within bf16 tolerance.
 
 ``--before-send`` says what the trainer does right before each update: ``idle`` (updates back to back: the
 trainer process waits out the previous update's pause window, ~25 ms) or ``forward`` (a log-prob forward
-pass on the fixed prompt, as the RL loop's update follows the trainer's own step). On the H200 a 25 ms idle
-gap before a 1B send made it 1.66-1.69 ms instead of 1.10-1.23 ms (no vLLM engine; a D2D copy after the
-same gap: 0.91 against 0.83 ms): the host's wake-up, not the GPU.
+pass on the fixed prompt, as the RL loop's update follows the trainer's own step). On the H200 every host
+step of a 1B send took 2-3 times as long after a 25 ms idle gap (no vLLM engine; a D2D copy after the same
+gap: 0.85 against 0.83 ms): idle rows reached 45-59% of D2D, forward rows 56-62%.
 
 GB = 1e9 bytes. "transfer s" is the coordinator's wall time of one update's transfer (senders'
 export + pack + checksum + send, concurrently with the replica's receive RPC), median of --reps.

@@ -85,15 +85,10 @@ def _update(senders, receiver, plan, version: int, dest: dict | None) -> float:
 
 # Measured on the H200 (fused copy-and-checksum kernel, IPC events instead of a host wait per bucket): 7B
 # 74-80% of a D2D copy over eight runs in four sessions (53-56% before the kernel), 83% with one replayed
-# launch per bucket; 1B 34-53% (21-28% before), 46-49% with the sender replaying its recorded pack, 52%
-# with one launch per bucket. The 1B set is bound by fixed costs per update against 0.85 ms of copying:
-# the replayed kernel alone takes 0.94 ms (89% of D2D), and the handoff adds the sender's call, the pipe to
-# the sender process and the receiver's store round trip. Known near-miss, kept visible.
-_SMALL_MISS = pytest.mark.xfail(reason="fixed costs per update weigh against 0.85 ms of copying 1.8 GB (34-55% of D2D)",
-                                strict=False)
-
-
-@pytest.mark.parametrize("size", [pytest.param("1B", marks=_SMALL_MISS), "7B"])
+# launch per bucket, 92% with the replay as one CUDA graph; 1B 34-53% (21-28% before), 46-49% with the
+# sender replaying its recorded pack, 52% (twice) with one launch per bucket, 55% as one graph. The 1B set
+# is bound by fixed costs per update against 0.85 ms of copying: the replayed kernel alone takes 0.94 ms.
+@pytest.mark.parametrize("size", ["1B", "7B"])
 def test_cuda_ipc_bandwidth_against_device_copy(size):
     from weight_transfer.local_senders import LocalSenders
 
