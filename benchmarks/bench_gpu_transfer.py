@@ -300,10 +300,10 @@ def _trainer(conn, cuda: bool) -> None:
 
                 version, digests = args
                 start = time.perf_counter()
+                # as the RL loop's trainer does (megatron_rl/schedules/weight_sync.py), no device sync after it:
+                # reading back the checksums waited for the packing, and finish() for the transport's sends
                 out = send_weights(state["plan"], 0, state["policy"].export_weights(row_blocks=True), state["transport"], version,
                                    device, digests)
-                if cuda:
-                    torch.cuda.synchronize()
                 out["sender_seconds"] = time.perf_counter() - start
                 conn.send(("ok", out))
             elif command == "release":
