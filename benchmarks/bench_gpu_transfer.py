@@ -29,7 +29,7 @@ weights within bf16 tolerance.
 trainer process waits out the previous update's pause window, ~25 ms) or ``forward`` (a log-prob forward
 pass on the fixed prompt, as the RL loop's update follows the trainer's own step). On the H200 every host
 step of a 1B send took 2-3 times as long after a 25 ms idle gap (no vLLM engine; a D2D copy after the same
-gap: 0.85 against 0.83 ms): idle rows reached 45-59% of D2D, forward rows 56-62%.
+gap: 0.85 against 0.83 ms): idle rows reached 45-59% of D2D (median 50.5%), forward rows 55-62% (55.5%).
 
 GB = 1e9 bytes. "transfer s" is the coordinator's wall time of one update's transfer (senders'
 export + pack + checksum + send, concurrently with the replica's receive RPC), median of --reps.

@@ -114,7 +114,7 @@ class Replay:
     took 2-3 times as long as back to back, so the host work before the GPU packs is what a 1B model's
     send can still shed: its launches and publish took 0.58-0.64 ms as a graph against 0.81-1.05 ms, the
     send 1.27-1.32 ms inside the trainer against 1.56-1.64 ms, and in the bench into vLLM the median row
-    went from 48% of a D2D copy (8 rows) to 55.5% (12 rows, two runs)."""
+    went from 48% of a D2D copy (8 rows) to 55% (20 rows, three runs)."""
 
     def __init__(self, recorded: list[tuple[Bucket, tuple | None]]):
         self.buckets = [bucket for bucket, _ in recorded]
