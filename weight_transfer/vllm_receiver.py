@@ -166,17 +166,16 @@ def _cpu_moe_kernels_rebuilt(model: torch.nn.Module, device: torch.device):
     from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedMoeBackend
     from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
 
-    kernels = {}
+    cleared = []  # (method, its kernel before the reload)
     for module in model.modules():
         method = getattr(module, "quant_method", None)
         if (isinstance(method, UnquantizedFusedMoEMethod) and method.unquantized_backend == UnquantizedMoeBackend.CPU
                 and method.moe_kernel is not None):
-            kernels[id(method)] = (method, method.moe_kernel)
-    for method, _ in kernels.values():
-        method.moe_kernel = None
+            cleared.append((method, method.moe_kernel))
+            method.moe_kernel = None
     try:
         yield
     finally:
-        for method, kernel in kernels.values():
+        for method, kernel in cleared:
             if method.moe_kernel is None:
                 method.moe_kernel = kernel
