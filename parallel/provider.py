@@ -25,13 +25,10 @@ def load_hf_config(hf_dir: str | Path):
 
 def spec_preference(cfg: TrainerConfig) -> str:
     """``prefer`` for :func:`build_layer_spec` from ``trainer.use_transformer_engine`` and
-    ``trainer.attention_backend``: te when asked, local when the local attention is asked, else
-    fast (False) or auto (None: TE when it imports, else fast)."""
+    ``trainer.attention_backend``: te when asked, local when the local attention is asked, else fast."""
     if cfg.use_transformer_engine:
         return "te"
-    if cfg.attention_backend == "local":
-        return "local"
-    return "fast" if cfg.use_transformer_engine is False else "auto"
+    return "local" if cfg.attention_backend == "local" else "fast"
 
 
 def transformer_config(hf_config, cfg: TrainerConfig, pg_collection) -> TransformerConfig:
