@@ -49,7 +49,8 @@ def run_sft(c: Components, sampler: PromptSampler) -> dict[str, float]:
         advantages = [[1.0] * len(t.response_ids) for t in demos]
         batch = TrainingBatch.from_trajectories(demos, advantages, list(range(len(demos))), c.pad_token_id)
         out = c.policy.train_step(batch, loss)
-        out.pop("policy/rollout_train_logprob_abs_diff", None)  # demonstrations carry no sampler log-probs
+        for mismatch in ("policy/rollout_train_logprob_abs_diff", "policy/rollout_train_k3_kl"):
+            out.pop(mismatch, None)  # demonstrations carry no sampler log-probs
         metrics = {f"sft/{k.split('/', 1)[-1]}": v for k, v in out.items()}
         metrics["sft/seconds"] = time.perf_counter() - start
         if step % 10 == 0 or step + 1 == cfg.steps:
