@@ -181,6 +181,13 @@ class AlgorithmConfig:
     """seq-mean-token-sum-norm: the fixed length each sequence's token sum is divided by."""
     entropy_coeff: float = 0.0
     """Entropy bonus weight (the loss subtracts entropy_coeff * entropy)."""
+    ppo_mini_batch_size: int = 0
+    """Groups per optimizer step (0: the whole batch in one step)."""
+    ppo_epochs: int = 1
+    """Passes over the batch; with several optimizer steps per batch the clip ratio sees real lag."""
+    old_logprobs: str = "trainer"
+    """The clip ratio's old policy when a batch takes several steps: trainer (a separate pass with the
+    batch's starting weights) or rollout (the sampler's log-probs)."""
     clip_cov: ClipCovConfig = field(default_factory=ClipCovConfig)
     """Clip-Cov settings."""
     kl_cov: KLCovConfig = field(default_factory=KLCovConfig)
@@ -205,6 +212,10 @@ class AlgorithmConfig:
             _require(value >= 0, f"{_KEY}.{name}", f"must be >= 0, got {value}")
         _require(self.eps_clip_low < 1, f"{_KEY}.eps_clip_low", f"must be < 1, got {self.eps_clip_low}")
         _require(self.clip_ratio_c > 1, f"{_KEY}.clip_ratio_c", f"must be > 1, got {self.clip_ratio_c}")
+        _require(self.ppo_mini_batch_size >= 0, f"{_KEY}.ppo_mini_batch_size", "must be >= 0 (0: the whole batch)")
+        _require(self.ppo_epochs >= 1, f"{_KEY}.ppo_epochs", f"must be >= 1, got {self.ppo_epochs}")
+        _require(self.old_logprobs in ("trainer", "rollout"), f"{_KEY}.old_logprobs",
+                 f"unknown {self.old_logprobs!r}; known: trainer, rollout")
         for name in ("gamma", "lambd"):
             value = getattr(self, name)
             _require(0 <= value <= 1, f"{_KEY}.{name}", f"must lie in [0, 1], got {value}")

@@ -58,6 +58,8 @@ class LoopState:
     """Weight version the fleet serves."""
     data: dict = field(default_factory=dict)
     """The training prompt sampler's position."""
+    async_state: dict = field(default_factory=dict)
+    """fully_async: admission counts and the prompts drawn but neither trained nor filtered."""
 
 
 @dataclass

@@ -1,0 +1,45 @@
+"""The policy update over one batch: ``algorithm.ppo_epochs`` passes of mini-batches of
+``algorithm.ppo_mini_batch_size`` groups, one optimizer step each.
+
+With one step per batch the update's own detached log-probs are the old ones (exact, one forward
+cheaper). With more, the old policy is fixed before the first step: a separate log-prob pass with the
+batch's starting weights (``old_logprobs=trainer``) or the sampler's log-probs (``rollout``), so that
+later mini-batches see a ratio away from 1 and clipping acts on real policy lag.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from megatron_rl.algorithms.config import AlgorithmConfig
+from megatron_rl.contracts import TrainingBatch
+
+
+def mini_batches(batch: TrainingBatch, groups_per_step: int) -> list[list[int]]:
+    """Row indices of each mini-batch: whole groups, in the batch's order (0: one mini-batch)."""
+    order: dict[int, list[int]] = {}
+    for row, group in enumerate(batch.group_ids.tolist()):
+        order.setdefault(group, []).append(row)
+    groups = list(order.values())
+    size = groups_per_step or len(groups)
+    return [sum(groups[i : i + size], []) for i in range(0, len(groups), size)]
+
+
+def update_policy(policy, batch: TrainingBatch, algo: AlgorithmConfig) -> dict[str, float]:
+    """Every optimizer step of the batch; per-step metrics are averaged, ``policy/*_last`` keep the last."""
+    parts = mini_batches(batch, algo.ppo_mini_batch_size)
+    steps = len(parts) * algo.ppo_epochs
+    if steps > 1:
+        batch.old_logprobs = (
+            policy.compute_logprobs(batch)[0].float() if algo.old_logprobs == "trainer" else batch.rollout_logprobs
+        )
+    per_step = [policy.train_step(batch.select(rows) if len(parts) > 1 else batch)
+                for _ in range(algo.ppo_epochs) for rows in parts]
+    metrics = {k: sum(m[k] for m in per_step) / steps for k in per_step[0]}
+    for key in ("policy/ppo_clip_ratio", "policy/ppo_kl"):
+        if key in per_step[-1]:
+            metrics[f"{key}_last"] = per_step[-1][key]
+            metrics[f"{key}_max"] = max(m[key] for m in per_step)
+    metrics["policy/optimizer_steps"] = float(steps)
+    return metrics
+
