@@ -14,7 +14,7 @@ class ModelConfig:
     tiny_arch: str = "qwen3"
     """Architecture of the tiny model built when ``path`` is empty."""
     tiny_size: str = "small"
-    """Size of the tiny model built when ``path`` is empty (unit, small, bench)."""
+    """Size of the tiny model built when ``path`` is empty (unit, small, bench; gpu, gpu_moe for the GPU recipes)."""
     tiny_seed: int = 0
     """Initialisation seed of the tiny model."""
     dtype: str = "float32"

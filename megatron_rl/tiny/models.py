@@ -41,6 +41,10 @@ SIZES = {
     "small": TinySize(256, 4, 8, 2, 768, 4, 256, 4096),
     # ~50M: benchmarks.
     "bench": TinySize(512, 8, 8, 2, 1536, 8, 512, 8192),
+    # ~0.53B, Qwen3-shaped (head_dim 128, GQA 12/4): the dense GPU recipe.
+    "gpu": TinySize(1536, 20, 12, 4, 4096, 16, 1024, 8192),
+    # ~1.3B total, ~0.2B active (16 experts, top-2, 24 layers): the MoE GPU recipe.
+    "gpu_moe": TinySize(1024, 24, 8, 4, 3072, 16, 1024, 8192),
 }
 
 
