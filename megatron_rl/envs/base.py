@@ -58,6 +58,8 @@ class Env:
     """OpenAI-style JSON tool schemas the generator renders in the system prompt."""
     Config: ClassVar[type] = NoConfig
     """Run-time knobs (a dataclass); its keys are ``envs.<name>.<field>``."""
+    required_extras: ClassVar[tuple[str, ...]] = ()
+    """``env_extras`` keys every row needs; the loader refuses a row without one before anything starts."""
 
     def __init__(self, extras: dict, config: object | dict | None = None):
         self.extras = extras

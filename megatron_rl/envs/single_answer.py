@@ -50,6 +50,7 @@ class AnswerEnv(Env):
     """Single turn: the reply's final answer is compared with ``extras["answer"]``."""
 
     Config = AnswerConfig
+    required_extras = ("answer",)
 
     def __init__(self, extras: dict, config=None):
         super().__init__(extras, config)

@@ -62,6 +62,7 @@ class GridSimEnv(Env):
     name = "gridsim"
     tools = [SUBMIT]
     Config = GridSimConfig
+    required_extras = ("prices", "capacity")
 
     def __init__(self, extras: dict, config=None):
         super().__init__(extras, config)

@@ -78,6 +78,7 @@ class Text2SQLEnv(Env):
     name = "text2sql"
     tools = [RUN_SQL]
     Config = Text2SQLConfig
+    required_extras = ("gold_sql",)
 
     def __init__(self, extras: dict, config=None):
         super().__init__(extras, config)
