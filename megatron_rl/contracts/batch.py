@@ -19,6 +19,10 @@ class PromptItem:
     prompt: list[dict]
     env_class: str
     env_extras: dict = field(default_factory=dict)
+    data_source: str | None = None
+    """Where the row came from (SkyRL/veRL ``data_source``); recorded in the ledger."""
+    extra_info: dict = field(default_factory=dict)
+    """SkyRL/veRL ``extra_info``, kept as given (split, index, ...)."""
 
 
 @dataclass

@@ -36,6 +36,7 @@ def to_record(t: Trajectory) -> dict:
         "timing": t.timing,
         "env_metrics": t.env_metrics,
         "env_revision": t.env_revision,
+        "data_source": t.data_source,
         "routed_experts": t.routed_experts.to_compact() if t.routed_experts is not None else None,
     }
 
@@ -55,5 +56,6 @@ def from_record(r: dict) -> Trajectory:
         timing=r["timing"],
         env_metrics=r["env_metrics"],
         env_revision=r["env_revision"],
+        data_source=r.get("data_source"),
         routed_experts=RoutedExperts.from_compact(experts) if experts else None,
     )

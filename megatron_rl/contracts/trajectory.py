@@ -60,6 +60,8 @@ class Trajectory:
     """Seconds split by phase: ``llm`` and ``env``."""
     env_metrics: dict[str, float] = field(default_factory=dict)
     env_revision: str | None = None
+    data_source: str | None = None
+    """The dataset row's ``data_source`` (SkyRL/veRL rows), when it has one."""
     routed_experts: RoutedExperts | None = None
     """MoE only: experts per token (prompt + response) and layer, from the sampler (R3)."""
 
