@@ -8,6 +8,8 @@ from pathlib import Path
 from megatron_rl.config.schema import TrainConfig
 from megatron_rl.contracts import PromptItem
 from megatron_rl.data import filter_by_prompt_length, load_prompts, write_dataset
+from megatron_rl.data.loader import load_rows
+from megatron_rl.data.splits import split_rows
 
 log = logging.getLogger("megatron_rl")
 
@@ -23,10 +25,17 @@ def _generated(cfg: TrainConfig, root: Path, split: str, n: int, seed: int) -> P
 def prompts(cfg: TrainConfig, root: Path, tokenizer) -> tuple[list[PromptItem], list[PromptItem], dict[str, float]]:
     """Training and evaluation prompts that fit ``data.max_prompt_length``, and what the filter dropped."""
     d = cfg.data
-    train_files = d.train_files or [_generated(cfg, root, "train", d.num_generated_train, cfg.run.seed)]
-    eval_files = d.eval_files or [_generated(cfg, root, "test", d.num_generated_eval, cfg.run.seed + 10_000)]
-    train, train_report = filter_by_prompt_length(load_prompts(train_files), tokenizer, d.max_prompt_length)
-    evals, eval_report = filter_by_prompt_length(load_prompts(eval_files), tokenizer, d.max_prompt_length)
+    if d.train_files:  # the user's data: evaluation on their eval files, eval split, or held-out rows
+        splits = split_rows(load_rows(d.train_files), load_rows(d.eval_files) if d.eval_files else None,
+                            d.eval_holdout, cfg.run.seed)
+        train, evals = splits.train, splits.eval
+        log.info("data: evaluation on %s", splits.eval_source)
+    else:
+        train = load_prompts([_generated(cfg, root, "train", d.num_generated_train, cfg.run.seed)])
+        eval_files = d.eval_files or [_generated(cfg, root, "test", d.num_generated_eval, cfg.run.seed + 10_000)]
+        evals = load_prompts(eval_files)
+    train, train_report = filter_by_prompt_length(train, tokenizer, d.max_prompt_length)
+    evals, eval_report = filter_by_prompt_length(evals, tokenizer, d.max_prompt_length)
     if not train:
         raise ValueError(f"data.max_prompt_length={d.max_prompt_length}: every training prompt is longer; raise it")
     log.info("data: %d train prompts (%d dropped as too long), %d eval prompts (%d dropped)",
