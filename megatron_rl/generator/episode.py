@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -79,8 +80,12 @@ class EpisodeContext:
 
 
 async def _env_call(ctx: EpisodeContext, state: EpisodeState, fn, *args):
+    """``fn(*args)``: a plain method runs in a thread under ``generator.env_timeout_s``; a coroutine (a remote
+    env) is awaited and keeps its own deadlines (a reset may wait for a restarting server)."""
     start = time.perf_counter()
     try:
+        if inspect.iscoroutinefunction(fn):
+            return await fn(*args)
         return await asyncio.wait_for(asyncio.to_thread(fn, *args), ctx.config.env_timeout_s)
     except TaskBug:
         raise  # a broken task is not retried: the step stops with the environment's message
@@ -141,7 +146,7 @@ async def run_episode(ctx: EpisodeContext, item: PromptItem, env, tid: Trajector
         state.add_observation(obs_ids, version)
     if stop_reason in TRUNCATED:
         _score_truncated(state, env)
-    return _trajectory(ctx, tid, state, stop_reason, env)
+    return _trajectory(ctx, tid, state, stop_reason, env, item.data_source)
 
 
 TRUNCATED = ("length", "max_input_length")
@@ -161,7 +166,8 @@ def _version(result: GenerationResult, ctx: EpisodeContext) -> int:
     return int(tag) if tag is not None and tag.isdigit() else ctx.policy_version
 
 
-def _trajectory(ctx: EpisodeContext, tid: TrajectoryId, state: EpisodeState, stop_reason: str, env) -> Trajectory:
+def _trajectory(ctx: EpisodeContext, tid: TrajectoryId, state: EpisodeState, stop_reason: str, env,
+                data_source: str | None) -> Trajectory:
     return Trajectory(
         trajectory_id=tid,
         prompt_token_ids=state.prompt_ids,
@@ -174,6 +180,7 @@ def _trajectory(ctx: EpisodeContext, tid: TrajectoryId, state: EpisodeState, sto
         stop_reason=stop_reason,
         timing=state.timing,
         env_metrics=dict(getattr(env, "metrics", {}) or {}),
+        data_source=data_source,
         routed_experts=_routed_experts(state, ctx.num_experts),
     )
 
