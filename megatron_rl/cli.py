@@ -22,7 +22,24 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("overrides", nargs="*", help=_OVERRIDES_HELP)
     show = sub.add_parser("config", help="print the resolved config of a recipe with overrides")
     show.add_argument("overrides", nargs="*", help=_OVERRIDES_HELP)
+    serve = sub.add_parser("serve-envs", help="serve a bundle's environments over HTTP/WebSocket (one session per episode)")
+    serve.add_argument("bundle", help="module, .py file or folder registering envs (and TASKS); 'builtin' for the built-ins")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8765)
+    serve.add_argument("--token-env", help="environment variable holding the bearer token (unset: no auth)")
+    serve.add_argument("--max-concurrent", type=int, default=64, help="episodes at once; more wait for a slot")
+    serve.add_argument("--max-wait-s", type=float, default=60.0, help="longest wait for a slot before refusing")
     return p
+
+
+def _serve_envs(args) -> None:
+    from megatron_rl.env_vars import secret
+    from megatron_rl.envs.remote.server import ServerConfig, serve
+
+    token = secret(args.token_env) if args.token_env else None
+    if args.token_env and token is None:
+        raise ValueError(f"--token-env {args.token_env}: that environment variable is not set")
+    serve(ServerConfig(args.bundle, args.host, args.port, token, args.max_concurrent, args.max_wait_s))
 
 
 def _make_tiny_model(args) -> None:
@@ -44,7 +61,7 @@ def _train(args) -> None:
     print(f"run folder: {train(load_config(args.overrides))}")
 
 
-COMMANDS = {"make-tiny-model": _make_tiny_model, "train": _train, "config": _config}
+COMMANDS = {"make-tiny-model": _make_tiny_model, "train": _train, "config": _config, "serve-envs": _serve_envs}
 
 
 def main(argv: list[str] | None = None) -> int:
