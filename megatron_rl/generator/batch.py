@@ -8,6 +8,7 @@ import statistics
 from collections import Counter
 
 from megatron_rl.contracts import FAILED, GeneratorInput, GeneratorOutput, PromptItem, Trajectory, TrajectoryId
+from megatron_rl.generator.env_metrics import environment_metrics
 from megatron_rl.generator.episode import EnvFailure, EpisodeContext, run_episode
 
 log = logging.getLogger(__name__)
@@ -16,18 +17,18 @@ log = logging.getLogger(__name__)
 async def _attempts(ctx: EpisodeContext, item: PromptItem, tid: TrajectoryId, make_env, limit: asyncio.Semaphore):
     """The episode, retried from the start as a fresh sample while the environment fails."""
     errors = []
-    for _ in range(ctx.config.max_env_attempts):
+    for attempt in range(1, ctx.config.max_env_attempts + 1):
         async with limit:
             env = make_env(item)
             try:
-                return await run_episode(ctx, item, env, tid)
+                return await run_episode(ctx, item, env, tid), attempt
             except EnvFailure as err:
                 errors.append(str(err))
                 log.warning("trajectory %s: environment failed (%s); retrying as a fresh sample", tid, err)
             finally:
                 env.close()
                 ctx.fleet.end_session(str(tid))
-    return errors
+    return errors, ctx.config.max_env_attempts
 
 
 def _failed(tid: TrajectoryId, ctx: EpisodeContext, pad_id: int, errors: list[str]) -> Trajectory:
@@ -59,13 +60,14 @@ async def generate_batch(ctx: EpisodeContext, gi: GeneratorInput, make_env, pad_
             progress()
         return result
 
-    results = await asyncio.gather(*(one(tid) for tid in ids))
+    results, attempts = zip(*await asyncio.gather(*(one(tid) for tid in ids)))
     failed_groups = {tid.instance_id for tid, r in zip(ids, results) if isinstance(r, list)}
     trajectories = [
         _failed(tid, ctx, pad_id, r) if isinstance(r, list) else (_exclude(r) if tid.instance_id in failed_groups else r)
         for tid, r in zip(ids, results)
     ]
-    return GeneratorOutput(trajectories, _metrics(trajectories, len(failed_groups)))
+    metrics = {**_metrics(trajectories, len(failed_groups)), **environment_metrics(trajectories, list(attempts))}
+    return GeneratorOutput(trajectories, metrics)
 
 
 def _metrics(trajectories: list[Trajectory], failed_groups: int) -> dict[str, float]:
