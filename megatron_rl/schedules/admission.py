@@ -93,13 +93,10 @@ class AdmissionController:
         self.counts.filtered += groups
         self._check()
 
-    def admit_lag(self, group_step: int) -> bool:
-        """Whether a buffered group scheduled at ``group_step`` may still train now (the hard lag cap);
-        a refused group is moved to filtered."""
-        if self.max_lag is None or self.counts.step - group_step <= self.max_lag:
-            return True
-        self.filter()
-        return False
+    def over_lag_cap(self, group_step: int) -> bool:
+        """Whether a buffered group scheduled at ``group_step`` is too old to train now (the optional
+        hard per-group cap; the caller then :meth:`filter` s it)."""
+        return self.max_lag is not None and self.counts.step - group_step > self.max_lag
 
     def consume(self, group_steps: list[int]) -> list[int]:
         """The trainer takes buffered groups for the current step; returns their lags."""

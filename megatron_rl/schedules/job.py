@@ -20,11 +20,14 @@ from megatron_rl.run_folder import RunFolder
 from megatron_rl.schedules import data_setup
 from megatron_rl.schedules.components import Components, LoopState
 from megatron_rl.schedules.sft import run_sft
-from megatron_rl.schedules.sync import run_sync, save
+from megatron_rl.schedules.fully_async import run_fully_async
+from megatron_rl.schedules.one_step_async import run_one_step_async
+from megatron_rl.schedules.sync import run_sync
 from megatron_rl.schedules.weight_sync import FleetWeightSync, build_plan
 from megatron_rl.tracking import Tracker
 
 log = logging.getLogger("megatron_rl")
+SCHEDULES = {"sync": run_sync, "one_step_async": run_one_step_async, "fully_async": run_fully_async}
 WORKER_EXTENSION = "megatron_rl.inference.worker_extension.MegatronRLWorkerExtension"
 
 
@@ -73,7 +76,7 @@ async def _train(cfg: TrainConfig, folder: RunFolder, tracker: Tracker) -> LoopS
             c = Components(cfg, generator, policy, FleetWeightSync(cfg.weight_transfer, plan, policy, fleet), sampler,
                            evals, folder, tracker, tokenizer.pad_token_id or 0)
             state = await _start(c, data_metrics)
-            return await run_sync(c, state)
+            return await SCHEDULES[cfg.schedule.type](c, state)
     finally:
         policy.shutdown()
 
@@ -85,7 +88,7 @@ async def _start(c: Components, data_metrics: dict) -> LoopState:
     if found is not None:
         path, loop = found
         c.policy.load(path / "trainer")
-        state = LoopState(step=loop["step"], version=loop["version"], data=loop["data"])
+        state = LoopState(step=loop["step"], version=loop["version"], data=loop["data"], async_state=loop.get("async", {}))
         c.train_data.load_state_dict(state.data)
         log.info("resumed from %s (step %d, weight version %d)", path, state.step, state.version)
         await c.weight_sync(state.version)

@@ -95,9 +95,10 @@ def test_hard_lag_cap_drops_an_old_group_and_frees_its_place():
     a.finish_step()
     a.finish_step()  # the trainer moved on (e.g. a step trained from elsewhere): now at step 3
     a.complete()
-    assert not a.admit_lag(1)  # lag 2 > max_lag 1
-    assert (a.counts.filtered, a.buffered) == (1, 0)
-    assert a.admit_lag(2)
+    assert a.over_lag_cap(1)  # lag 2 > max_lag 1
+    a.filter()
+    assert (a.counts.filtered, a.buffered) == (1, 0) and a.can_submit()
+    assert not a.over_lag_cap(2)
 
 
 def test_resume_drops_groups_that_died_with_the_process():
