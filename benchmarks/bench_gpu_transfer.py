@@ -437,6 +437,11 @@ class TrainerSenders:
         return self.result(timeout)
 
     # Senders protocol
+    def endpoints(self, ranks: list[int]) -> dict[int, tuple[str, int]]:
+        from weight_transfer.session import local_endpoints
+
+        return local_endpoints(ranks)
+
     def connect(self, session: dict) -> None:
         self.call("connect", self.plan.to_json(), session)
 

@@ -9,6 +9,7 @@ from the last rank (the last pipeline stage). The critic (PPO with GAE) and the 
 from __future__ import annotations
 
 import dataclasses
+import os
 import socket
 import traceback
 from collections.abc import Callable
@@ -23,20 +24,47 @@ from megatron_rl.contracts import TrainingBatch
 from parallel.config import CriticConfig, TrainerConfig
 
 
-def _free_port() -> int:
+LOOPBACK = "127.0.0.1"
+
+
+def node_address() -> str:
+    """The address of the node this process runs on, as Ray knows it; 127.0.0.1 while the cluster is this
+    one node, so a one-host run listens on nothing but loopback."""
+    alive = [n for n in ray.nodes() if n["Alive"]]
+    return LOOPBACK if len(alive) == 1 else ray.util.get_node_ip_address()
+
+
+def interface_of(address: str) -> str:
+    """The name of this host's network interface that carries ``address``."""
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address == address for a in addrs):
+            return name
+    raise RuntimeError(f"no network interface of this host carries {address}")
+
+
+def free_port(host: str) -> int:
+    """A TCP port nothing listens on right now on ``host`` (chosen on the node that will bind it)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
 class _PolicyRank:
     """One rank: a MegatronPolicy, the optional critic and reference beside it, and a scratch dict
-    that code run on the rank may keep state in."""
+    that code run on the rank may keep state in. The models are built by ``build`` once rank 0 has
+    named the rendezvous on its own node (``rendezvous``)."""
 
-    def __init__(self, hf_dir: str, cfg: TrainerConfig, algorithm: AlgorithmConfig, rank: int, world: int, init: str,
-                 critic: CriticConfig | None, reference: bool):
+    def rendezvous(self) -> str:
+        host = node_address()
+        return f"tcp://{host}:{free_port(host)}"
+
+    def build(self, hf_dir: str, cfg: TrainerConfig, algorithm: AlgorithmConfig, rank: int, world: int, init: str,
+              critic: CriticConfig | None, reference: bool) -> str:
         from parallel.policy import MegatronPolicy
 
+        os.environ["GLOO_SOCKET_IFNAME"] = interface_of(node_address())  # the groups listen on the node's address
         self.models = {"policy": MegatronPolicy(hf_dir, cfg, algorithm, rank, world, init)}
         policy = self.models["policy"]  # built first: it readies megatron-core for this process (CPU layer)
         from parallel.critic import MegatronCritic
@@ -47,9 +75,7 @@ class _PolicyRank:
         if reference:
             self.models["reference"] = ReferencePolicy(policy)
         self.scratch: dict = {}
-
-    def ready(self) -> bool:
-        return True
+        return node_address()
 
     def call(self, method: str, *args, model: str = "policy", **kwargs):
         return _plain_errors(getattr(self.models[model], method), *args, **kwargs)
@@ -59,6 +85,12 @@ class _PolicyRank:
 
     def run(self, fn: Callable, *args):
         return _plain_errors(fn, self.models["policy"], self.scratch, *args)
+
+
+def start_ray() -> None:
+    """Join the Ray cluster named by ``RAY_ADDRESS`` when set; otherwise start a one-host Ray."""
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=True, configure_logging=False)
 
 
 class RankError(RuntimeError):
@@ -101,20 +133,24 @@ class WorkerGroup:
     critic when ``critic`` is given and a reference policy when ``reference`` is set."""
 
     def __init__(self, hf_dir: str | Path, cfg: TrainerConfig, algorithm: AlgorithmConfig, world_size: int = 1,
-                 critic: CriticConfig | None = None, reference: bool = False):
+                 critic: CriticConfig | None = None, reference: bool = False, resources: dict | None = None):
         cfg.parallel.check_world(world_size)
         self.models = ["policy"] + (["critic"] if critic is not None else []) + (["reference"] if reference else [])
-        if not ray.is_initialized():
-            ray.init(include_dashboard=False, log_to_driver=True, configure_logging=False)
+        start_ray()
         gpus = 1 if torch.cuda.is_available() else 0
-        actor = ray.remote(num_cpus=0, num_gpus=gpus)(_PolicyRank)
-        init = f"tcp://127.0.0.1:{_free_port()}"
+        actor = ray.remote(num_cpus=0, num_gpus=gpus, resources=dict(resources or {}))(_PolicyRank)
         self.world_size = world_size
-        self.ranks = [actor.remote(str(hf_dir), cfg, algorithm, r, world_size, init, critic, reference)
-                      for r in range(world_size)]
-        self._all("ready")  # every rank has built and loaded its model (errors surface here)
+        self.ranks = [actor.remote() for _ in range(world_size)]
+        self.init_method = ray.get(self.ranks[0].rendezvous.remote())
+        """Where the ranks met: ``tcp://<rank 0's node address>:<port chosen there>``."""
+        self.nodes: list[str] = ray.get([
+            actor.build.remote(str(hf_dir), cfg, algorithm, rank, world_size, self.init_method, critic, reference)
+            for rank, actor in enumerate(self.ranks)])  # every rank has built and loaded its model (errors surface here)
+        """Each rank's node address, in rank order."""
 
     def _all(self, verb: str, *args, **kwargs) -> list:
+        """``verb`` on every rank at once; a batch goes into Ray's object store once and every rank reads it there."""
+        args = tuple(ray.put(a) if isinstance(a, TrainingBatch) else a for a in args)
         return _from_wire(ray.get([getattr(r, verb).remote(*args, **kwargs) for r in self.ranks]))
 
     def compute_logprobs(self, batch: TrainingBatch, record_routing: bool = False):

@@ -15,8 +15,9 @@ class BroadcastConfig:
     """One process group per sender rank spanning it and every inference worker (NCCL on GPU, gloo on CPU)."""
 
     type: Literal["broadcast"] = "broadcast"
-    master_addr: str = "127.0.0.1"
-    """Address of the sender ranks' rendezvous stores, as the inference workers reach it."""
+    master_addr: str = "auto"
+    """Where the inference workers reach the sender ranks' rendezvous stores: auto (each sender's own node
+    address, as it reports it), or one address for every sender (e.g. behind a NAT)."""
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     """Collective backend: auto picks nccl when the buffers are on CUDA, gloo otherwise."""
 
@@ -52,8 +53,8 @@ class TransportSpec:
 
     type: str = "broadcast"
     """broadcast, shared_memory or cuda_ipc."""
-    master_addr: str = "127.0.0.1"
-    """broadcast: address of the sender ranks' rendezvous stores, as the inference workers reach it."""
+    master_addr: str = "auto"
+    """broadcast: where inference workers reach the senders' stores: auto (each sender's node address) or one address."""
     backend: str = "auto"
     """broadcast: auto (nccl for CUDA buffers, else gloo), gloo or nccl."""
     dir: str = "/dev/shm"

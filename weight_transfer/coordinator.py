@@ -26,6 +26,9 @@ LEGS = ("send", "receive", "receive_worker", "pause_call", "finish", "finish_wor
 class Senders(Protocol):
     """The trainer ranks that send (one call fans out to all of them)."""
 
+    def endpoints(self, ranks: list[int]) -> dict[int, tuple[str, int]]:
+        """Each of ``ranks``' node address and a free port chosen on that node (where its store will listen)."""
+
     def connect(self, session: dict) -> None: ...
 
     def send(self, version: int, digests: bool) -> dict:
@@ -156,7 +159,9 @@ class WeightTransferCoordinator:
             except ReplicaDown as err:
                 result.fail(replica, str(err))
         targets = [r for r in targets if r.name in workers]
-        session = new_session(self.config, self.plan, sum(workers.values()))
+        session = new_session(self.config, self.plan, sum(workers.values()), self.senders.endpoints(self.plan.senders))
+        log.info("weight_transfer: session %s, senders' stores at %s", session["id"],
+                 {r: f"{session['addrs'][r]}:{session['ports'][r]}" for r in session["ports"]})
         bases = [1 + sum(workers[t.name] for t in targets[:i]) for i in range(len(targets))]
         calls = [lambda: self.senders.connect(session)] + [
             (lambda r=r, b=b: r.call("wt_init_transport", {"session": session, "rank_base": b}, self._rpc_timeout))

@@ -12,6 +12,7 @@ import torch
 
 from weight_transfer.plan import TransferPlan
 from weight_transfer.sender import send_weights
+from weight_transfer.session import local_endpoints
 from weight_transfer.transports import TransportError, make_sender
 
 WeightsFn = Callable[[int, int], Iterable[tuple[str, torch.Tensor]]]
@@ -90,6 +91,9 @@ class LocalSenders:
         if errors:
             raise TransportError("; ".join(errors))
         return results
+
+    def endpoints(self, ranks: list[int]) -> dict[int, tuple[str, int]]:
+        return local_endpoints(ranks)  # every rank is a process on this host
 
     def connect(self, session: dict) -> None:
         for rank in self.ranks:

@@ -72,14 +72,15 @@ class LLMReplica:
 class HTTPReplica:
     """A vLLM OpenAI server in dev mode; ``on_quarantine(url, reason)`` takes it out of the loop's router."""
 
-    def __init__(self, url: str, on_quarantine: Callable[[str, str], None] | None = None):
+    def __init__(self, url: str, on_quarantine: Callable[[str, str], None] | None = None, headers: dict | None = None):
         self.url = self.name = url.rstrip("/")
         self.on_quarantine = on_quarantine
+        self.headers = {"Content-Type": "application/json", **(headers or {})}
+        """Sent with every call (the run secret's ``Authorization`` where the servers check one)."""
 
     def _post(self, path: str, body: dict | None, timeout_s: float) -> dict:
         data = json.dumps(body).encode() if body is not None else b""
-        request = urllib.request.Request(self.url + path, data=data, method="POST",
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(self.url + path, data=data, method="POST", headers=self.headers)
         try:
             with urllib.request.urlopen(request, timeout=timeout_s) as resp:
                 text = resp.read().decode()

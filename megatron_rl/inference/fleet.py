@@ -12,23 +12,31 @@ import asyncio
 import aiohttp
 
 
+from megatron_rl.env_vars import run_secret
+from megatron_rl.inference.auth import auth_header, new_secret
 from megatron_rl.inference.config import InferenceConfig
 from megatron_rl.inference.control import ControlPlane
-from megatron_rl.inference.launcher import LocalServers
+from megatron_rl.inference.launcher import LocalServers, RayServers
 from megatron_rl.inference.metrics import fleet_metrics
 from megatron_rl.inference.protocol import completion_payload, parse_choice
 from megatron_rl.inference.replica import KEEPALIVE_S, Replica
 from megatron_rl.inference.router import Router
 from megatron_rl.inference.types import GenerationRequest, GenerationResult
+from megatron_rl.runtime.config import PlacementConfig
 
 
 class InferenceFleet:
-    """Async client of the sampler fleet. Managed servers are started on ``start`` (from the
-    calling thread) and stopped on ``close``; external ones are only connected to."""
+    """Async client of the sampler fleet. Managed servers are started on ``start`` (from the calling
+    thread, or by Ray actors on their nodes when ``placement.servers=ray``) and stopped on ``close``;
+    external ones are only connected to. Managed servers refuse requests without the run's secret
+    (``MEGATRON_RL_RUN_SECRET``, or one made for this fleet); every call here carries it."""
 
-    def __init__(self, config: InferenceConfig):
+    def __init__(self, config: InferenceConfig, placement: PlacementConfig | None = None):
         self.config = config
-        self.local: LocalServers | None = None
+        self.placement = placement or PlacementConfig()
+        self.secret = run_secret() or (None if config.external else new_secret())
+        """The run secret the servers check (None: an external fleet without one)."""
+        self.local: LocalServers | RayServers | None = None
         self.router: Router | None = None
         self.control: ControlPlane | None = None
         self.model = ""
@@ -43,11 +51,14 @@ class InferenceFleet:
         if cfg.external:
             server_urls = list(cfg.external_server_urls)
         else:
-            self.local = LocalServers(cfg.server, cfg.num_servers)
+            if self.placement.servers == "ray":
+                self.local = RayServers(cfg.server, cfg.num_servers, self.placement.server_resources, self.secret)
+            else:
+                self.local = LocalServers(cfg.server, cfg.num_servers, secret=self.secret)
             self.local.start()
             server_urls = self.local.urls
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=KEEPALIVE_S)
-        self._http = aiohttp.ClientSession(connector=connector)
+        self._http = aiohttp.ClientSession(connector=connector, headers=auth_header(self.secret))
         servers = [Replica(url, self._http) for url in server_urls]
         data = [Replica(cfg.external_proxy_url, self._http)] if cfg.external_proxy_url else servers
         self.server_urls = server_urls

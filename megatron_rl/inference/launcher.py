@@ -1,4 +1,6 @@
-"""Start N managed vLLM servers together and make sure they all go away again."""
+"""Start N managed vLLM servers together and make sure they all go away again: as subprocesses of the
+driver on its host (``LocalServers``), or each from a Ray actor on the node Ray places it, bound to that
+node's address and seeing only the devices Ray gave the actor (``RayServers``)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import logging
 import tempfile
 
 from megatron_rl.inference.config import ServerConfig
-from megatron_rl.inference.server_process import ManagedServer, wait_healthy
+from megatron_rl.inference.server_process import LOOPBACK, ManagedServer, wait_healthy
 
 log = logging.getLogger(__name__)
 
@@ -19,17 +21,23 @@ def _on_cpu() -> bool:
     return not torch.cuda.is_available()
 
 
-class LocalServers:
-    """``num`` servers on 127.0.0.1; a context manager (stops on exit, Ctrl-C and exceptions) that
-    also stops them at interpreter exit if the caller forgets."""
+def _checked(config: ServerConfig) -> ServerConfig:
+    if not config.model_path:
+        raise ValueError("inference.server.model_path: empty; point it at an HF checkpoint directory")
+    if not config.run_dir:
+        config = dataclasses.replace(config, run_dir=tempfile.mkdtemp(prefix="megatron_rl_inference_"))
+    return config
 
-    def __init__(self, config: ServerConfig, num: int):
-        if not config.model_path:
-            raise ValueError("inference.server.model_path: empty; point it at an HF checkpoint directory")
-        if not config.run_dir:
-            config = dataclasses.replace(config, run_dir=tempfile.mkdtemp(prefix="megatron_rl_inference_"))
+
+class LocalServers:
+    """``num`` servers on ``host`` (this host's address); a context manager (stops on exit, Ctrl-C and
+    exceptions) that also stops them at interpreter exit if the caller forgets. With ``secret`` every route
+    but ``/health`` needs it."""
+
+    def __init__(self, config: ServerConfig, num: int, host: str = LOOPBACK, secret: str | None = None, first: int = 0):
+        config = _checked(config)
         on_cpu = _on_cpu()
-        self.servers = [ManagedServer(config, i, on_cpu) for i in range(num)]
+        self.servers = [ManagedServer(config, first + i, on_cpu, host, secret) for i in range(num)]
         self.timeout_s = config.startup_timeout_s
 
     @property
@@ -60,3 +68,55 @@ class LocalServers:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class _ServerHost:
+    """A Ray actor holding one managed server on its node (the server dies with the actor's process)."""
+
+    def start(self, config: ServerConfig, index: int, secret: str | None) -> str:
+        from parallel.worker_group import node_address
+
+        self.local = LocalServers(config, 1, node_address(), secret, first=index)
+        return self.local.start().urls[0]
+
+    def stop(self) -> None:
+        self.local.stop()
+
+
+class RayServers:
+    """``num`` servers, each started by a Ray actor asking for ``resources`` (node labels) and the server's
+    GPUs; same interface as :class:`LocalServers`."""
+
+    def __init__(self, config: ServerConfig, num: int, resources: dict | None = None, secret: str | None = None):
+        self.config, self.num, self.secret = _checked(config), num, secret
+        gpus = 0 if _on_cpu() else config.tensor_parallel_size
+        import ray
+
+        self._actor = ray.remote(num_cpus=0, num_gpus=gpus, resources=dict(resources or {}))(_ServerHost)
+        self.hosts: list = []
+        self.urls: list[str] = []
+
+    def start(self) -> "RayServers":
+        import ray
+
+        atexit.register(self.stop)
+        try:
+            self.hosts = [self._actor.remote() for _ in range(self.num)]
+            self.urls = ray.get([h.start.remote(self.config, i, self.secret) for i, h in enumerate(self.hosts)])
+            log.info("inference: %d vLLM server(s) up on their nodes: %s", self.num, self.urls)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        import ray
+
+        for host in self.hosts:
+            try:
+                ray.get(host.stop.remote(), timeout=60)
+            except Exception as err:  # a lost node: its server went with it
+                log.warning("inference: stopping a server on its node failed: %s", err)
+            ray.kill(host)
+        self.hosts = []
+        atexit.unregister(self.stop)

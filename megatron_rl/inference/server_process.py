@@ -1,4 +1,6 @@
-"""One managed vLLM OpenAI API server: a supervised subprocess on 127.0.0.1 with a free port.
+"""One managed vLLM OpenAI API server: a supervised subprocess on its node's address with a free port
+chosen there. With a run secret, every route but ``/health`` needs it (``inference/auth.py``); the secret
+travels in the server's environment, never on its command line.
 
 The server runs in its own session (so a terminal's Ctrl-C reaches only us) and gets SIGTERM if
 the thread that started it dies (PR_SET_PDEATHSIG), so a crashed driver leaves no orphans; ``stop``
@@ -20,7 +22,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from megatron_rl.env_vars import cache_dir
+from megatron_rl.env_vars import RUN_SECRET, cache_dir
 from megatron_rl.inference.config import ServerConfig
 
 _PR_SET_PDEATHSIG = 1
@@ -30,10 +32,14 @@ class ServerStartError(RuntimeError):
     """A managed server exited or did not become healthy in time."""
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+LOOPBACK = "127.0.0.1"
+_MIDDLEWARE = "megatron_rl.inference.auth.RequireRunSecret"
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port on ``host`` that nothing listens on right now."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return sock.getsockname()[1]
 
 
@@ -41,12 +47,13 @@ def _die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def server_command(config: ServerConfig, port: int, seed: int) -> list[str]:
-    """The ``api_server`` command line (the ``vllm`` console script is absent on the CPU build)."""
+def server_command(config: ServerConfig, port: int, seed: int, host: str = LOOPBACK, guarded: bool = False) -> list[str]:
+    """The ``api_server`` command line (the ``vllm`` console script is absent on the CPU build); ``guarded``
+    loads the middleware that checks the run secret."""
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", config.model_path,
-        "--host", "127.0.0.1", "--port", str(port),
+        "--host", host, "--port", str(port),
         "--dtype", config.dtype,
         "--max-model-len", str(config.max_model_len),
         "--tensor-parallel-size", str(config.tensor_parallel_size),
@@ -60,13 +67,15 @@ def server_command(config: ServerConfig, port: int, seed: int) -> list[str]:
         cmd += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
     if config.enforce_eager:
         cmd.append("--enforce-eager")
+    if guarded:
+        cmd += ["--middleware", _MIDDLEWARE]
     return cmd + list(config.extra_args)
 
 
-def server_env(config: ServerConfig, index: int, on_cpu: bool, ipc_dir: str) -> dict[str, str]:
-    """Environment: dev-mode control routes, caches under the run folder, temp files and IPC sockets in
-    ``ipc_dir`` (a unix socket path may not exceed 107 bytes, so not under a deep run folder), the
-    compile cache shared across runs, CPU pinning."""
+def server_env(config: ServerConfig, index: int, on_cpu: bool, ipc_dir: str, secret: str | None) -> dict[str, str]:
+    """Environment: dev-mode control routes, the run secret, caches under the run folder, temp files and IPC
+    sockets in ``ipc_dir`` (a unix socket path may not exceed 107 bytes, so not under a deep run folder),
+    the compile cache shared across runs, CPU pinning."""
     run_dir = Path(config.run_dir)
     env = {
         **os.environ,
@@ -76,6 +85,8 @@ def server_env(config: ServerConfig, index: int, on_cpu: bool, ipc_dir: str) -> 
         "TMPDIR": ipc_dir,
         "VLLM_RPC_BASE_PATH": ipc_dir,
     }
+    if secret:
+        env[RUN_SECRET] = secret
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
     if on_cpu and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(index % (os.cpu_count() or 1))
@@ -83,18 +94,19 @@ def server_env(config: ServerConfig, index: int, on_cpu: bool, ipc_dir: str) -> 
 
 
 class ManagedServer:
-    """Start, health-wait and stop one server; its log goes to ``<run_dir>/server<i>.log``."""
+    """Start, health-wait and stop one server listening on ``host`` (the address of the node it runs on);
+    its log goes to ``<run_dir>/server<i>.log``."""
 
-    def __init__(self, config: ServerConfig, index: int, on_cpu: bool):
+    def __init__(self, config: ServerConfig, index: int, on_cpu: bool, host: str = LOOPBACK, secret: str | None = None):
         self.config = config
         self.index = index
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.port = free_port(host)
+        self.url = f"http://{host}:{self.port}"
         self.log_path = Path(config.run_dir) / f"server{index}.log"
         self.process: subprocess.Popen | None = None
-        self._cmd = server_command(config, self.port, config.seed + index)
+        self._cmd = server_command(config, self.port, config.seed + index, host, guarded=bool(secret))
         self.ipc_dir = tempfile.mkdtemp(prefix="mrl-")
-        self._env = server_env(config, index, on_cpu, self.ipc_dir)
+        self._env = server_env(config, index, on_cpu, self.ipc_dir, secret)
 
     def start(self) -> None:
         (Path(self.config.run_dir) / "vllm_cache").mkdir(parents=True, exist_ok=True)

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import torch
 
+from megatron_rl.inference.auth import auth_header
 from parallel.config import TrainerConfig
-from parallel.worker_group import WorkerGroup
+from parallel.worker_group import WorkerGroup, free_port, node_address
 from weight_transfer.config import WeightTransferConfig
 from weight_transfer.coordinator import WeightTransferCoordinator
 from weight_transfer.layout import TrainerLayout
@@ -47,6 +48,11 @@ def build_plan(model_dir: Path, hf_config, trainer: TrainerConfig, world_size: i
 
 def _device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _endpoint(policy, scratch) -> tuple[str, int]:
+    host = node_address()
+    return host, free_port(host)
 
 
 def _connect(policy, scratch, session: dict) -> None:
@@ -84,6 +90,9 @@ class PolicySenders:
     def __init__(self, group: WorkerGroup, plan: TransferPlan):
         self.group, self.plan_json = group, plan.to_json()
 
+    def endpoints(self, ranks: list[int]) -> dict[int, tuple[str, int]]:
+        return {rank: tuple(e) for rank, e in enumerate(self.group.run(_endpoint)) if rank in ranks}
+
     def connect(self, session: dict) -> None:
         self.group.run(_connect, session)
 
@@ -105,7 +114,8 @@ class FleetWeightSync:
     """``await sync(version)``: transfer, verify every replica reports ``version``, tag the fleet."""
 
     def __init__(self, config: WeightTransferConfig, plan: TransferPlan, group: WorkerGroup, fleet):
-        replicas = [HTTPReplica(url, on_quarantine=fleet.router.quarantine) for url in fleet.server_urls]
+        headers = auth_header(fleet.secret)
+        replicas = [HTTPReplica(url, on_quarantine=fleet.router.quarantine, headers=headers) for url in fleet.server_urls]
         self.fleet = fleet
         self.coordinator = WeightTransferCoordinator(config, plan, replicas, PolicySenders(group, plan))
 

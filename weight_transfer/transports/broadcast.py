@@ -4,6 +4,7 @@ the groups are independent of the trainer's and vLLM's own process groups."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
 
@@ -14,11 +15,27 @@ from weight_transfer.buckets import Bucket
 from weight_transfer.transports.base import ReceiverTransport, SenderTransport, TransportError
 
 
+def route_address(peer: str) -> str:
+    """This host's address on the route toward ``peer`` (the node address a group member is reached at)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((peer, 9))  # a datagram socket only picks the route; nothing is sent
+        return sock.getsockname()[0]
+
+
+def _gloo(store: dist.Store, rank: int, world: int, timeout: timedelta, host: str) -> dist.ProcessGroupGloo:
+    """A gloo group whose members listen on ``host``, not on whatever this host's name resolves to."""
+    options = dist.ProcessGroupGloo._Options()
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+    options._timeout = timeout
+    return dist.ProcessGroupGloo(store, rank, world, options)
+
+
 def _group(session: dict, sender: int, rank: int, device: torch.device) -> dist.ProcessGroup:
     timeout = timedelta(seconds=session["timeout_s"])
     world = session["world_size"]
+    host = session["addrs"][str(sender)]
     try:
-        store = dist.TCPStore(session["master_addr"], session["ports"][str(sender)], world,
+        store = dist.TCPStore(host, session["ports"][str(sender)], world,
                               is_master=rank == 0, timeout=timeout, wait_for_workers=False)
         store = dist.PrefixStore(f"wt/{session['id']}", store)
         if _backend(session, device) == "nccl":
@@ -26,7 +43,7 @@ def _group(session: dict, sender: int, rank: int, device: torch.device) -> dist.
             options._timeout = timeout
             group = dist.ProcessGroupNCCL(store, rank, world, options)
             return group
-        return dist.ProcessGroupGloo(store, rank, world, timeout)
+        return _gloo(store, rank, world, timeout, route_address(host))
     except RuntimeError as err:
         raise TransportError(f"broadcast: joining the group of sender {sender} as rank {rank} failed: {err}") from err
 

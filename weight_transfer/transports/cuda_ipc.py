@@ -40,7 +40,7 @@ _DEVICE_ARG = 6  # position of the device index in reduce_tensor's rebuild argum
 def _store(session: dict, sender: int, is_master: bool) -> dist.Store:
     timeout = timedelta(seconds=session["timeout_s"])
     try:
-        store = dist.TCPStore(session["master_addr"], session["ports"][str(sender)], None,
+        store = dist.TCPStore(session["addrs"][str(sender)], session["ports"][str(sender)], None,
                               is_master=is_master, timeout=timeout, wait_for_workers=False)
     except RuntimeError as err:
         raise TransportError(f"cuda_ipc: store of sender {sender} unreachable: {err}") from err
