@@ -8,6 +8,7 @@ from megatron_rl.config.run import RunConfig
 from megatron_rl.data.config import DataConfig
 from megatron_rl.generator.config import GeneratorConfig
 from megatron_rl.inference.config import InferenceConfig
+from megatron_rl.runtime.config import PlacementConfig
 from megatron_rl.schedules.config import ScheduleConfig, SFTConfig
 from parallel.config import CriticConfig, TrainerConfig
 from weight_transfer.config import WeightTransferConfig
@@ -29,6 +30,8 @@ class TrainConfig:
     """The value model; used when ``algorithm.advantage_estimator=gae``."""
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     weight_transfer: WeightTransferConfig = field(default_factory=WeightTransferConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    """Which nodes the trainer ranks and the managed servers run on (Ray node labels)."""
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
 
