@@ -65,9 +65,10 @@ async def _train(cfg: TrainConfig, folder: RunFolder, tracker: Tracker) -> LoopS
     algo = cfg.algorithm
     policy = WorkerGroup(model_path, cfg.trainer, algo, world_size=world,
                          critic=cfg.critic if algo.advantage_estimator == "gae" else None,
-                         reference=algo.kl.needs_reference)
+                         reference=algo.kl.needs_reference, resources=cfg.placement.trainer_resources)
+    log.info("trainer: %d rank(s) on nodes %s, rendezvous %s", world, policy.nodes, policy.init_method)
     try:
-        async with InferenceFleet(_fleet_config(cfg, model_path, folder.root)) as fleet:
+        async with InferenceFleet(_fleet_config(cfg, model_path, folder.root), cfg.placement) as fleet:
             plan = build_plan(Path(model_path), hf_config, cfg.trainer, world, cfg.weight_transfer.bucket_bytes)
             generator = Generator(fleet, tokenizer, cfg.generator, vocab_size=hf_config.vocab_size,
                                   env_configs=cfg.envs, num_experts=getattr(hf_config, "num_experts", None),
