@@ -29,7 +29,24 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--token-env", help="environment variable holding the bearer token (unset: no auth)")
     serve.add_argument("--max-concurrent", type=int, default=64, help="episodes at once; more wait for a slot")
     serve.add_argument("--max-wait-s", type=float, default=60.0, help="longest wait for a slot before refusing")
+    rows = sub.add_parser("write-rows", help="write remote-env train/eval rows from an env server's tasks")
+    rows.add_argument("url", help="env server URL (http://host:port)")
+    rows.add_argument("out_dir")
+    rows.add_argument("--tokenizer", required=True, help="folder of the policy's tokenizer (its chat template renders the tools)")
+    rows.add_argument("--token-env", help="environment variable holding the server's token (the rows carry only this name)")
+    rows.add_argument("--max-prompt-length", type=int, default=512, help="drop rows whose rendered prompt is longer")
+    rows.add_argument("--format", choices=("parquet", "jsonl"), default="parquet")
     return p
+
+
+def _write_rows(args) -> None:
+    import transformers
+
+    from megatron_rl.data.remote_rows import write_rows
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(args.tokenizer)
+    counts = write_rows(args.url, args.out_dir, tokenizer, args.token_env, args.max_prompt_length, f".{args.format}")
+    print(", ".join(f"{k}: {v}" for k, v in counts.items()))
 
 
 def _serve_envs(args) -> None:
@@ -61,7 +78,8 @@ def _train(args) -> None:
     print(f"run folder: {train(load_config(args.overrides))}")
 
 
-COMMANDS = {"make-tiny-model": _make_tiny_model, "train": _train, "config": _config, "serve-envs": _serve_envs}
+COMMANDS = {"make-tiny-model": _make_tiny_model, "train": _train, "config": _config, "serve-envs": _serve_envs,
+            "write-rows": _write_rows}
 
 
 def main(argv: list[str] | None = None) -> int:
