@@ -47,9 +47,11 @@ async def run_fully_async(c: Components, state: LoopState) -> LoopState:
                 with Timer(metrics, "weight_sync"):
                     metrics.update(await c.weight_sync(state.version))
             await pool.finish_step()
-            state.step, state.data, state.async_state = step + 1, c.train_data.state_dict(), pool.state_dict()
+            state.step = step + 1
             if due(cfg.schedule.eval_every, state.step, total):
                 metrics.update(await evaluate(c, state))
+            # data position, pending prompts and the ledger's length are read together, nothing awaited between
+            state.data, state.async_state = c.train_data.state_dict(), pool.state_dict()
             if due(cfg.schedule.checkpoint_every, state.step, total):
                 save(c, state)
             metrics.update(_step_metrics(pool, metrics, time.perf_counter() - start, idle, state.version))

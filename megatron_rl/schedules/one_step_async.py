@@ -30,7 +30,7 @@ async def run_one_step_async(c: Components, state: LoopState) -> LoopState:
     for step in range(state.step, total):
         metrics, start = {}, time.perf_counter()
         with Timer(metrics, "wait_for_generation_buffer"):
-            out = await pending
+            out, generate_s = await pending
         if state.version != served:  # the fleet is idle: transfer the update of the previous step
             with Timer(metrics, "weight_sync"):
                 metrics.update(await c.weight_sync(state.version))
@@ -46,16 +46,24 @@ async def run_one_step_async(c: Components, state: LoopState) -> LoopState:
         if due(cfg.schedule.eval_every, state.step, total) or due(cfg.schedule.checkpoint_every, state.step, total):
             await _at_rest(c, state, pending, metrics)
             served = state.version
-        metrics["timing/step"] = time.perf_counter() - start
+        metrics["timing/step"] = step_s = time.perf_counter() - start
+        metrics["timing/generate"] = generate_s
+        metrics["async/trainer_idle_fraction"] = metrics["timing/wait_for_generation_buffer"] / step_s
+        metrics["async/sampler_idle_fraction"] = max(0.0, 1.0 - generate_s / step_s)
         metrics["policy/weight_version"] = float(state.version)
         c.tracker.log(state.step, metrics)
     return state
 
 
-def _start_generation(c: Components, step: int, version: int) -> asyncio.Task[GeneratorOutput]:
+def _start_generation(c: Components, step: int, version: int) -> asyncio.Task[tuple[GeneratorOutput, float]]:
     prompts = c.train_data.next_batch(c.config.data.train_batch_size)
     gi = GeneratorInput(prompts, c.config.generator.n_samples_per_prompt, step, version)
-    return asyncio.create_task(c.generator.generate(gi))
+    return asyncio.create_task(_timed(c.generator.generate(gi)))
+
+
+async def _timed(work) -> tuple[GeneratorOutput, float]:
+    start = time.perf_counter()
+    return await work, time.perf_counter() - start
 
 
 async def _at_rest(c: Components, state: LoopState, pending, metrics: dict) -> None:

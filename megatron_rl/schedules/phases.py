@@ -44,7 +44,17 @@ def due(every: int, step: int, total: int) -> bool:
 
 def save(c: Components, state: LoopState) -> None:
     cfg = c.config
-    loop = {"step": state.step, "version": state.version, "data": state.data}
+    loop = {"step": state.step, "version": state.version, "data": state.data, "ledger_records": _ledger_records(c)}
     if state.async_state:
         loop["async"] = state.async_state
     save_checkpoint(c.folder.root / "checkpoints", state.step, c.policy.save, loop, cfg.schedule.keep_checkpoints)
+
+
+def _ledger_records(c: Components) -> int:
+    """Lines of ``trajectories.jsonl`` now: a resumed run's records after this many are its own; those a
+    killed run wrote between this checkpoint and its death belong to discarded work."""
+    path = c.folder.root / "trajectories.jsonl"
+    if not path.exists():
+        return 0
+    with open(path, "rb") as f:
+        return sum(1 for _ in f)
