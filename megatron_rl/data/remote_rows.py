@@ -27,13 +27,15 @@ def system_with_tools(tokenizer, prompt: list[dict], tools: list[dict]) -> list[
     tools outside the system turn (the rewritten prompt must render exactly as the original with tools)."""
     if not tools:
         return prompt
-    system = prompt[0]["content"] if prompt and prompt[0]["role"] == "system" else ""
     rest = prompt[1:] if prompt and prompt[0]["role"] == "system" else prompt
-    pre, _, post = _render(tokenizer, [{"role": "system", "content": _PROBE}]).partition(_PROBE)
-    alone = _render(tokenizer, [{"role": "system", "content": system}], tools)
-    if not (alone.startswith(pre) and alone.endswith(post)):
+    probe = tokenizer.apply_chat_template([{"role": "system", "content": _PROBE}], tokenize=False)
+    pre, _, post = probe.partition(_PROBE)
+    full = _render(tokenizer, prompt, tools)
+    end = full.find(post, len(pre)) if full.startswith(pre) and post else -1
+    if end < 0:
         raise ValueError("tokenizer chat template: renders tools outside the system turn; write-rows needs them inside it")
-    rewritten = [{"role": "system", "content": alone[len(pre): len(alone) - len(post)]}, *rest]
+    content = full[len(pre):end]
+    rewritten = [{"role": "system", "content": content}, *rest]
     if _render(tokenizer, rewritten) != _render(tokenizer, prompt, tools):
         raise ValueError("tokenizer chat template: renders tools outside the system turn (the conversation after the "
                          "system turn changes with tools); write-rows needs them inside it")
