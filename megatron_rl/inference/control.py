@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import Literal
 
-from megatron_rl.inference.replica import Replica
+from megatron_rl.inference.replica import Replica, RouteNotFound
 
 PauseMode = Literal["keep", "abort", "wait"]
 
@@ -58,12 +58,23 @@ class ControlPlane:
         await self._each(lambda r: r.post("/reset_prefix_cache", timeout_s=self.timeout_s))
 
     async def set_weight_version(self, version: str) -> None:
-        """Record ``version`` on every replica (native ``/update_weight_version``)."""
-        await self._each(lambda r: r.post("/update_weight_version", {"new_version": version}))
+        """Record ``version`` on every replica: vLLM's ``/update_weight_version``, or the worker extension's tag
+        on servers without that route (vLLM 0.26, the CUDA release for torch 2.11)."""
+        async def tag(r: Replica) -> None:
+            try:
+                await r.post("/update_weight_version", {"new_version": version})
+            except RouteNotFound:
+                await r.post("/collective_rpc", {"method": "mrl_set_weight_version", "args": [version]})
+        await self._each(tag)
 
-    async def weight_versions(self) -> dict[str, str]:
-        """The weight version each replica reports (native ``/weight_info``)."""
-        return {url: b["weight_version"] for url, b in (await self._each(lambda r: r.get("/weight_info"))).items()}
+    async def weight_versions(self) -> dict[str, str | None]:
+        """The weight version each replica reports (vLLM's ``/weight_info``, else the worker extension's tag)."""
+        async def read(r: Replica) -> str | None:
+            try:
+                return (await r.get("/weight_info"))["weight_version"]
+            except RouteNotFound:
+                return (await r.post("/collective_rpc", {"method": "mrl_weight_version"}))["results"][0]
+        return await self._each(read)
 
     async def health(self) -> dict[str, bool]:
         """Health of every replica, in rotation or not."""

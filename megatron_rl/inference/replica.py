@@ -18,6 +18,10 @@ class ReplicaError(RuntimeError):
     """A replica failed a request (connection lost, timeout, server error): retry elsewhere."""
 
 
+class RouteNotFound(ValueError):
+    """The server has no such route (HTTP 404): an older or newer vLLM than the caller expects."""
+
+
 class Replica:
     """Client for one server. ``in_flight`` and ``assigned`` are what routing policies read."""
 
@@ -50,6 +54,8 @@ class Replica:
                 text = await resp.text()
                 if resp.status >= 500:
                     raise ReplicaError(f"{self.url}{path}: HTTP {resp.status}: {text[:500]}")
+                if resp.status == 404:
+                    raise RouteNotFound(f"{self.url}{path}: HTTP 404: {text[:500]}")
                 if resp.status >= 400:
                     raise ValueError(f"{self.url}{path}: HTTP {resp.status}: {text[:500]}")
                 if resp.content_type == "application/json":

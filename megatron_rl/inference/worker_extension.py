@@ -81,5 +81,15 @@ class RoutingCaptureMixin:
         return {"start": record["start"], "experts": torch.cat(record["chunks"]).tolist()}
 
 
-class MegatronRLWorkerExtension(RoutingCaptureMixin, WeightReceiver):
-    """Everything megatron-rl adds to a vLLM worker: routing capture and the weight receiver."""
+class WeightVersionMixin:
+    """The served weights' version tag, for servers without vLLM's ``/update_weight_version`` (vLLM 0.26)."""
+
+    def mrl_set_weight_version(self, version: str) -> None:
+        self._mrl_weight_version = version
+
+    def mrl_weight_version(self) -> str | None:
+        return getattr(self, "_mrl_weight_version", None)
+
+
+class MegatronRLWorkerExtension(RoutingCaptureMixin, WeightVersionMixin, WeightReceiver):
+    """Everything megatron-rl adds to a vLLM worker: routing capture, the version tag and the weight receiver."""
