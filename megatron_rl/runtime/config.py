@@ -25,7 +25,22 @@ class PlacementConfig:
     server_resources: dict = field(default_factory=dict)
     """Ray custom resources each managed server's actor asks for (with ``servers=ray``); empty: any node."""
 
+    layout: str = "disaggregated"
+    """disaggregated: inference engines on GPUs of their own; colocated: engines on the trainer's GPUs (engine j on
+    trainer ranks j*g .. j*g+g-1, g = its TP x PP), sleeping while the trainer works."""
+    trainer_strategy: str = "PACK"
+    """Ray placement strategy of the trainer ranks' bundles: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD."""
+    inference_strategy: str = "SPREAD"
+    """Ray placement strategy of the engines' bundles (one bundle per engine: its GPUs always share a node)."""
+
     def __post_init__(self) -> None:
+        from megatron_rl.runtime.placement import LAYOUTS, STRATEGIES
+
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"placement.layout={self.layout!r}: use one of {LAYOUTS}")
+        for key in ("trainer_strategy", "inference_strategy"):
+            if getattr(self, key) not in STRATEGIES:
+                raise ValueError(f"placement.{key}={getattr(self, key)!r}: use one of {STRATEGIES}")
         if self.servers not in SERVER_LAUNCHERS:
             raise ValueError(f"placement.servers={self.servers!r}: use one of {SERVER_LAUNCHERS}")
         if self.server_resources and self.servers != "ray":
