@@ -22,6 +22,8 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("overrides", nargs="*", help=_OVERRIDES_HELP)
     show = sub.add_parser("config", help="print the resolved config of a recipe with overrides")
     show.add_argument("overrides", nargs="*", help=_OVERRIDES_HELP)
+    plan = sub.add_parser("plan", help="print placement, per-GPU memory and weight-transfer time on a cluster; starts nothing")
+    plan.add_argument("overrides", nargs="*", help=_OVERRIDES_HELP + "; cluster=NODESxGPUSxKIND[@GBIT_S] (default 1x8xH100)")
     serve = sub.add_parser("serve-envs", help="serve a bundle's environments over HTTP/WebSocket (one session per episode)")
     serve.add_argument("bundle", help="module, .py file or folder registering envs (and TASKS); 'builtin' for the built-ins")
     serve.add_argument("--host", default="127.0.0.1")
@@ -71,6 +73,16 @@ def _config(args) -> None:
     print(to_yaml(load_config(args.overrides)), end="")
 
 
+def _plan(args) -> None:
+    from megatron_rl.config import load_config
+    from megatron_rl.runtime.cluster import parse_cluster
+    from megatron_rl.runtime.plan import render
+
+    cluster = [w.split("=", 1)[1] for w in args.overrides if w.startswith("cluster=")] or ["1x8xH100"]
+    overrides = [w for w in args.overrides if not w.startswith("cluster=")]
+    print(render(load_config(overrides), parse_cluster(cluster[-1])))
+
+
 def _train(args) -> None:
     from megatron_rl.config import load_config
     from megatron_rl.schedules.job import train
@@ -79,7 +91,7 @@ def _train(args) -> None:
 
 
 COMMANDS = {"make-tiny-model": _make_tiny_model, "train": _train, "config": _config, "serve-envs": _serve_envs,
-            "write-rows": _write_rows}
+            "write-rows": _write_rows, "plan": _plan}
 
 
 def main(argv: list[str] | None = None) -> int:
