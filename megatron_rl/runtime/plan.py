@@ -118,3 +118,18 @@ def render(cfg: TrainConfig, cluster: Cluster) -> str:
     lines += _memory(cfg, config, specs, layout, cluster)
     lines += _transfer(cfg, plan, placement, cluster)
     return "\n".join(lines)
+
+
+def check_fit(cfg: TrainConfig) -> None:
+    """Before any actor starts: the run's placement fits the live Ray cluster (labels present, GPUs enough), or a
+    PlacementError naming what is missing. Only where the config places processes (Ray-launched servers or
+    node labels); a one-host run with its servers beside the driver has nothing to place."""
+    pl = cfg.placement
+    if pl.servers != "ray" and not pl.trainer_resources:
+        return
+    from megatron_rl.runtime.cluster import ray_cluster
+    from parallel.worker_group import start_ray
+
+    start_ray()
+    cluster = ray_cluster()
+    place([g for g in bundle_groups(cfg, cluster) if g.role == "trainer" or pl.servers == "ray"], cluster, pl.layout)
