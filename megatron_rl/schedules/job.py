@@ -17,6 +17,7 @@ from megatron_rl.data.sampler import PromptSampler
 from megatron_rl.generator.generator import Generator
 from megatron_rl.inference.fleet import InferenceFleet
 from megatron_rl.run_folder import RunFolder
+from megatron_rl.runtime.plan import check_fit
 from megatron_rl.schedules import data_setup
 from megatron_rl.schedules.components import Components, LoopState
 from megatron_rl.schedules.sft import run_sft
@@ -63,6 +64,7 @@ async def _train(cfg: TrainConfig, folder: RunFolder, tracker: Tracker) -> LoopS
     sampler = PromptSampler(train, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
     world = cfg.trainer.num_ranks
     algo = cfg.algorithm
+    check_fit(cfg)  # a placement that cannot fit the cluster fails here, before any actor starts
     policy = WorkerGroup(model_path, cfg.trainer, algo, world_size=world,
                          critic=cfg.critic if algo.advantage_estimator == "gae" else None,
                          reference=algo.kl.needs_reference, resources=cfg.placement.trainer_resources)
