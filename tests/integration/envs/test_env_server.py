@@ -86,6 +86,27 @@ def test_failures_replayable_or_fatal(server):
         asyncio.run(episode(server.url, "gridsim", {}))
 
 
+def test_a_row_whose_tools_differ_from_the_servers_stops_with_a_clear_error(server):
+    env = make_env("remote", {"url": server.url, "env_class": "gridsim", "env_extras": ROW["env_extras"],
+                              "token_env": TOKEN_ENV, "tools": ["run_sql"]})
+    with pytest.raises(TaskBug, match=r"row lists tools \['run_sql'\] but the server's env offers \['submit_schedule'\]"):
+        asyncio.run(env.init(ROW["prompt"]))
+    env.close()
+
+
+def test_write_rows_counts_prompts_over_the_limit_as_the_generator_renders_them(server, tmp_path):
+    import transformers
+
+    from megatron_rl.data.remote_rows import write_rows
+    from megatron_rl.tiny import make_tiny_model
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(make_tiny_model("qwen3", size="unit"))
+    # the always-failing task's prompt renders to 19 tokens; every gridsim prompt with its tool to about 600
+    counts = write_rows(server.url, tmp_path, tokenizer, TOKEN_ENV, max_prompt_length=100, suffix=".jsonl")
+    assert counts == {"dropped_too_long": 5, "train": 1, "eval": 0}
+    assert (tmp_path / "train.jsonl").exists() and not (tmp_path / "eval.jsonl").exists()
+
+
 def test_at_the_limit_a_session_waits_then_is_refused_after_the_bounded_wait(server):
     async def go():
         slow = [asyncio.create_task(episode(server.url, "test_slow_echo", {"sleep_s": 0.6})) for _ in range(4)]
