@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
@@ -58,6 +59,9 @@ def create_app(cfg: ServerConfig) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
+        # env calls run in threads: one per slot (the default pool has only cpu_count + 4)
+        asyncio.get_running_loop().set_default_executor(
+            ThreadPoolExecutor(max_workers=cfg.max_concurrent, thread_name_prefix="env"))
         yield
         open_ = sessions.close_all()  # episodes still open when the server stops
         log.info("serve-envs: stopped; %d episodes served, %d still open were closed", sessions.served, open_)

@@ -86,6 +86,17 @@ def test_failures_replayable_or_fatal(server):
         asyncio.run(episode(server.url, "gridsim", {}))
 
 
+def test_a_reset_gives_up_at_its_deadline_when_no_server_answers():
+    from env_server import free_port
+
+    env = remote(f"http://127.0.0.1:{free_port()}", reset_deadline_s=1.5, retry_interval_s=0.2)
+    start = time.perf_counter()
+    with pytest.raises(EnvError, match=r"no session within envs.remote.reset_deadline_s=1.5 \(ClientConnectorError"):
+        asyncio.run(env.init(ROW["prompt"]))
+    assert 1.2 < time.perf_counter() - start < 3
+    env.close()
+
+
 def test_a_row_whose_tools_differ_from_the_servers_stops_with_a_clear_error(server):
     env = make_env("remote", {"url": server.url, "env_class": "gridsim", "env_extras": ROW["env_extras"],
                               "token_env": TOKEN_ENV, "tools": ["run_sql"]})
