@@ -32,7 +32,7 @@ def id_prefixes(paths: list[Path]) -> list[str]:
 
 def load_rows(paths: str | Path | list) -> list[Row]:
     """Every row of ``paths``, validated, with its split. Instance ids are unique across the files; the
-    columns no row's format reads are named once per file in the log.
+    columns no row's format reads, and the ``extra_info`` keys kept, are named once per file in the log.
 
     Raises ValueError naming the file, row and column of a bad row, or an instance id used twice.
     """
@@ -44,6 +44,7 @@ def load_rows(paths: str | Path | list) -> list[Row]:
     seen: dict[str, str] = {}
     for path, prefix in zip(files, id_prefixes(files)):
         unused: set[str] = set()
+        info: set[str] = set()
         for index, record in enumerate(read_records(path)):
             row = validate_row(record, str(path), index, known, prefix)
             if row.item.instance_id in seen:
@@ -51,9 +52,12 @@ def load_rows(paths: str | Path | list) -> list[Row]:
                                  f"in {seen[row.item.instance_id]}; give the rows an instance_id column")
             seen[row.item.instance_id] = f"{path} row {index}"
             unused.update(row.unused)
+            info.update(row.item.extra_info)
             rows.append(row)
         if unused:
             log.info("data: %s: columns not used: %s", path, ", ".join(sorted(unused)))
+        if info:
+            log.info("data: %s: extra_info kept on each item: %s", path, ", ".join(sorted(info)))
     return rows
 
 

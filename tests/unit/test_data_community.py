@@ -36,6 +36,7 @@ def test_skyrl_parquet_rows_load_as_math_items_with_their_ground_truth(tmp_path,
     assert items[1].prompt == [{"role": "user", "content": "Natalia sold 1 clips. Let's think step by step."}]
     # SkyRL's reward_spec.method is read as part of the spec, so no column is left unused here
     assert "columns not used" not in caplog.text
+    assert caplog.text.count("extra_info kept on each item: answer, index, question, split") == 1
 
 
 def test_verl_rows_map_through_ability_and_reward_model(tmp_path):
