@@ -1,12 +1,14 @@
 """Control plane over real servers: pause keep/abort/wait, resume, versions, sleep refused on CPU."""
 
 import asyncio
-import re
+import json
 import time
 
+import aiohttp
 import pytest
 
 from megatron_rl.inference import GenerationRequest, SamplingParams, UnsupportedOnPlatform
+from megatron_rl.inference.protocol import completion_payload
 
 from helpers import run_with_fleet
 
@@ -17,115 +19,119 @@ def requests(n: int) -> list[GenerationRequest]:
     return [GenerationRequest([40 + i, 41, 42], LONG, session_id=f"c{i}") for i in range(n)]
 
 
-async def generated_tokens(fleet) -> dict[str, float]:
-    """Tokens each server has sampled so far (its ``vllm:generation_tokens_total`` counter)."""
-    replicas = fleet.router.replicas
-    pages = await asyncio.gather(*(r.get("/metrics") for r in replicas))
-    return {r.url: sum(float(v) for v in re.findall(r"^vllm:generation_tokens_total\{[^}]*\}\s+(\S+)$", page["text"], re.M))
-            for r, page in zip(replicas, pages)}
+class Stream:
+    """One streamed completion straight to a replica; the client counts each token as it arrives, so a
+    test knows what was sampled without the server's counters (which lag on a starved CPU)."""
+
+    def __init__(self, url: str, payload: dict):
+        self.url, self.payload = url, {**payload, "stream": True}
+        self.token_ids: list[int] = []
+        self.finish_reason: str | None = None
+
+    async def run(self) -> "Stream":
+        async with aiohttp.ClientSession() as http:
+            async with http.post(self.url + "/v1/completions", json=self.payload) as resp:
+                assert resp.status == 200, await resp.text()
+                async for line in resp.content:
+                    text = line.decode().strip()
+                    if not text.startswith("data: ") or text == "data: [DONE]":
+                        continue
+                    choice = json.loads(text[len("data: "):])["choices"][0]
+                    self.token_ids += choice.get("token_ids") or []
+                    self.finish_reason = choice.get("finish_reason") or self.finish_reason
+        return self
 
 
-async def started(fleet, n: int, tries: int = 3) -> list[asyncio.Task]:
-    """Launch ``n`` long requests and return once they are all in flight and the fleet has sampled for
-    them (4 tokens a request, or half a second later: see ``behind``).
-
-    A launch where a request ends or is retried first (seen once in CI: a fresh POST answered
-    "server disconnected" by a healthy server, and the router moved it) is not the situation the
-    tests set up: it is cancelled and launched again, up to ``tries`` times, and the failure names
-    what ended the requests."""
-    for _ in range(tries):
-        await fleet.router.probe()  # a replica taken out by a failed launch returns once healthy
-        before = await generated_tokens(fleet)
-        tasks = [asyncio.create_task(fleet.generate(r)) for r in requests(n)]
-        deadline = time.monotonic() + 120
-
-        all_in: float | None = None  # when behind() was first asked, i.e. all n requests were in flight
-
-        async def behind() -> bool:
-            # 4 tokens a request fleet-wide, or half a second with all of them in flight: a server's API
-            # process can take in its engine's tokens (and count them) late, even only at the end of
-            # the requests (about half of the runs on 2026-12-01, with this test's code of the day before).
-            nonlocal all_in
-            all_in = all_in or time.monotonic()
-            now = await generated_tokens(fleet)
-            return sum(now.values()) < sum(before.values()) + 4 * n and time.monotonic() < all_in + 0.5
-
-        while (sum(r.in_flight for r in fleet.router.replicas) < n or await behind()) and not any(t.done() for t in tasks):
-            assert time.monotonic() < deadline, f"{n} requests were not all in flight in 120 s"
-            await asyncio.sleep(0.05)
-        if not any(t.done() for t in tasks) and sum(r.in_flight for r in fleet.router.replicas) == n:
-            return tasks
-        ended = [repr(t.exception()) if t.done() and not t.cancelled() and t.exception() else "done" for t in tasks if t.done()]
+async def streaming(fleet, n: int, at_least: int = 4) -> tuple[list[Stream], list[asyncio.Task]]:
+    """``n`` long streams spread over the replicas, returned once each has received ``at_least`` tokens."""
+    urls = [r.url for r in fleet.router.replicas]
+    streams = [Stream(urls[i % len(urls)], completion_payload(r, fleet.model, None)) for i, r in enumerate(requests(n))]
+    tasks = [asyncio.create_task(s.run()) for s in streams]
+    deadline = time.monotonic() + 180
+    while min(len(s.token_ids) for s in streams) < at_least:
         for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await fleet.control.abort_all()
-    raise AssertionError(f"requests kept ending before 4 tokens each were sampled, last time: {ended}")
+            if t.done():
+                t.result()  # raises what ended a stream early
+                raise AssertionError(f"a stream ended after {[len(s.token_ids) for s in streams]} tokens")
+        assert time.monotonic() < deadline, f"streams did not reach {at_least} tokens in 180 s"
+        await asyncio.sleep(0.02)
+    return streams, tasks
 
 
-# Known flaky on the 2-core CPU machine (about half of the runs on 2026-12-01, also at d5176e7, the last
-# landed commit): a vLLM-CPU server's API process can take in its engine's tokens only when the requests
-# end, so the window between "sampling" and "done" that these tests pause in is often missed. Run, not
-# required; an XPASS shows the behaviour held.
-_PAUSE_WINDOW = pytest.mark.xfail(reason="vLLM-CPU on 2 cores: the pause window is often missed (see above)",
-                                  strict=False)
+async def settled(streams: list[Stream], quiet_s: float = 1.5, limit_s: float = 30.0) -> list[int]:
+    """Token counts once no stream has received a token for ``quiet_s`` (tokens sampled before a pause may
+    still be in transit when it returns); fails if they keep coming for ``limit_s``."""
+    deadline, counts, since = time.monotonic() + limit_s, None, time.monotonic()
+    while True:
+        now = [len(s.token_ids) for s in streams]
+        if now != counts:
+            counts, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return counts
+        assert time.monotonic() < deadline, f"tokens kept arriving for {limit_s} s while paused: {counts}"
+        await asyncio.sleep(0.05)
 
 
-@_PAUSE_WINDOW
 def test_pause_keep_freezes_requests_and_resume_completes_them_intact(fleet_config):
     async def body(fleet):
         reference = await asyncio.gather(*(fleet.generate(r) for r in requests(4)))
-        tasks = await started(fleet, 4)
+        streams, tasks = await streaming(fleet, 4)
         await fleet.control.pause("keep")
         paused = await fleet.control.is_paused()
-        await asyncio.sleep(3.0)
-        frozen = [t.done() for t in tasks]
+        frozen_at = await settled(streams)
+        await asyncio.sleep(2.0)
+        after_wait = [len(s.token_ids) for s in streams]
+        done_while_paused = [t.done() for t in tasks]
         await fleet.control.resume()
-        return reference, await asyncio.gather(*tasks), paused, frozen
+        await asyncio.gather(*tasks)
+        return reference, streams, paused, frozen_at, after_wait, done_while_paused
 
-    reference, resumed, paused, frozen = run_with_fleet(fleet_config, body)
+    reference, streams, paused, frozen_at, after_wait, done_while_paused = run_with_fleet(fleet_config, body)
     assert all(paused.values()) and len(paused) == 2
-    assert not any(frozen), "requests must not finish while paused with keep"
-    for ref, out in zip(reference, resumed):
-        assert out.stop_reason == "length" and len(out.token_ids) == LONG.max_tokens
-        assert out.token_ids == ref.token_ids, "a frozen request must resume to the same tokens"
-        assert max(abs(a - b) for a, b in zip(out.logprobs, ref.logprobs)) < 1e-4
+    assert after_wait == frozen_at, "no token may be sampled while paused with keep"
+    assert not any(done_while_paused) and all(4 <= n < LONG.max_tokens for n in frozen_at), frozen_at
+    for ref, s in zip(reference, streams):
+        assert s.finish_reason == "length" and len(s.token_ids) == LONG.max_tokens
+        assert s.token_ids == ref.token_ids, "a frozen request must resume to the same tokens"
 
 
-@_PAUSE_WINDOW
 def test_pause_abort_returns_partial_outputs_marked_abort(fleet_config):
+    """The requests are frozen first (keep), so that every one is known to be in flight when the abort
+    lands: on 2 cores a 500-token request can otherwise finish between the client's count and the pause."""
+
     async def body(fleet):
-        tasks = await started(fleet, 4)
+        streams, tasks = await streaming(fleet, 4)
+        await fleet.control.pause("keep")
+        frozen_at = await settled(streams)
+        running = [not t.done() for t in tasks]
         await fleet.control.pause("abort")
-        out = await asyncio.gather(*tasks)
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=60)
         await fleet.control.resume()
         after = await fleet.generate(GenerationRequest([1, 2, 3], SamplingParams(max_tokens=3)))
-        return out, after
+        return streams, frozen_at, running, after
 
-    out, after = run_with_fleet(fleet_config, body)
-    for result in out:
-        assert result.stop_reason == "abort"
-        assert len(result.token_ids) < LONG.max_tokens and len(result.logprobs) == len(result.token_ids)
-    # A starved API process may not have taken in a request's first tokens when the pause lands.
-    assert any(result.token_ids for result in out), "pause(abort) must return the tokens sampled so far"
+    streams, frozen_at, running, after = run_with_fleet(fleet_config, body)
+    assert all(running)
+    for s, n in zip(streams, frozen_at):
+        assert s.finish_reason == "abort"
+        assert len(s.token_ids) == n and 4 <= n < LONG.max_tokens, (len(s.token_ids), n)
     assert after.stop_reason == "length", "generation resumes after pause(abort) + resume"
 
 
-@_PAUSE_WINDOW
 def test_pause_wait_drains_in_flight_requests(fleet_config):
     async def body(fleet):
-        tasks = await started(fleet, 4)
+        streams, tasks = await streaming(fleet, 4)
         await fleet.control.pause("wait")
-        # The server answered every request before the pause returned; the responses may still be in
-        # flight to this client, so allow them a moment to land while the fleet stays paused.
-        done, _ = await asyncio.wait(tasks, timeout=60)  # a starved API process can answer late
+        # Every request finished before the pause returned; the last chunks may still be on their way.
+        done, _ = await asyncio.wait(tasks, timeout=60)
         drained = [t in done for t in tasks]
+        paused = await fleet.control.is_paused()
         await fleet.control.resume()
-        return drained, await asyncio.gather(*tasks)
+        return drained, paused, streams
 
-    drained, out = run_with_fleet(fleet_config, body)
-    assert all(drained)
-    assert all(r.stop_reason == "length" and len(r.token_ids) == LONG.max_tokens for r in out)
+    drained, paused, streams = run_with_fleet(fleet_config, body)
+    assert all(drained) and all(paused.values())
+    assert all(s.finish_reason == "length" and len(s.token_ids) == LONG.max_tokens for s in streams)
 
 
 def test_weight_versions_are_set_and_read_back_from_every_replica(fleet_config):
