@@ -20,9 +20,13 @@ from megatron_rl.inference.launcher import LocalServers, RayServers
 from megatron_rl.inference.metrics import fleet_metrics
 from megatron_rl.inference.protocol import completion_payload, parse_choice
 from megatron_rl.inference.replica import KEEPALIVE_S, Replica
-from megatron_rl.inference.router import Router
+from megatron_rl.inference.router import NoReplicaError, Router
 from megatron_rl.inference.types import GenerationRequest, GenerationResult
 from megatron_rl.runtime.config import PlacementConfig
+
+
+class NodeLostError(RuntimeError):
+    """A node that ran servers of this fleet is gone (Ray counts it dead, or it does not answer)."""
 
 
 class InferenceFleet:
@@ -45,6 +49,7 @@ class InferenceFleet:
         """Control-plane URLs of every server (the weight-transfer receivers)."""
         self._http: aiohttp.ClientSession | None = None
         self._slots = asyncio.Semaphore(config.router.max_concurrency)
+        self._lost: list[str] = []
 
     async def start(self) -> "InferenceFleet":
         cfg = self.config
@@ -98,13 +103,29 @@ class InferenceFleet:
         if request.return_routed_experts:
             await self._capture_routes()
         async with self._slots:
-            body, replica, attempts, latency = await self.router.send(payload, request.session_id)
+            try:
+                body, replica, attempts, latency = await self.router.send(payload, request.session_id)
+            except NoReplicaError as err:
+                lost = self.node_loss(err)
+                if lost is None:
+                    raise
+                raise lost from err
         token_ids, logprobs, reason, experts = parse_choice(body)
         result = GenerationResult(token_ids, logprobs, reason, replica.url, version, routed_experts=experts,
                                   attempts=attempts, latency_s=latency)
         if request.return_routed_experts and experts is None:
             await self._attach_captured_routes(replica, body["id"], result)
         return result
+
+    def node_loss(self, err: Exception) -> NodeLostError | None:
+        """``err`` restated as the loss of the nodes behind it, when Ray counts them dead or they do not answer."""
+        if not self._lost and self.local is not None:  # a lost node stays lost: stop asking once one is found
+            self._lost = self.local.lost_nodes()
+        lost = self._lost
+        if not lost:
+            return None
+        return NodeLostError(f"inference node(s) {', '.join(lost)} lost (Ray counts it dead or its server's actor "
+                             f"does not answer); their vLLM servers went with them: {type(err).__name__}: {err}")
 
     async def _capture_routes(self) -> None:
         """Hook the MoE gates of replicas not yet capturing (the worker extension's R3 fallback)."""

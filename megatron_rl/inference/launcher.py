@@ -63,6 +63,10 @@ class LocalServers:
             server.stop()
         atexit.unregister(self.stop)
 
+    def lost_nodes(self) -> list[str]:
+        """Nodes whose servers went away with them: none, the servers run on this host."""
+        return []
+
     def __enter__(self) -> "LocalServers":
         return self.start()
 
@@ -78,6 +82,9 @@ class _ServerHost:
 
         self.local = LocalServers(config, 1, node_address(), secret, first=index)
         return self.local.start().urls[0]
+
+    def ping(self) -> bool:
+        return True
 
     def stop(self) -> None:
         self.local.stop()
@@ -109,6 +116,22 @@ class RayServers:
             raise
         return self
 
+    def lost_nodes(self, timeout_s: float = 10.0) -> list[str]:
+        """Addresses of the nodes of this fleet's servers that Ray counts dead or whose server actor does not
+        answer within ``timeout_s`` (Ray takes up to a minute to declare a node that stopped answering dead)."""
+        import ray
+        from urllib.parse import urlsplit
+
+        alive = {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
+        pings = [host.ping.remote() for host in self.hosts]
+        ready, _ = ray.wait(pings, num_returns=len(pings), timeout=timeout_s)
+        lost = set()
+        for url, ping in zip(self.urls, pings):
+            node = urlsplit(url).hostname
+            if node not in alive or ping not in ready or _failed(ping):
+                lost.add(node)
+        return sorted(lost)
+
     def stop(self) -> None:
         import ray
 
@@ -120,3 +143,13 @@ class RayServers:
             ray.kill(host)
         self.hosts = []
         atexit.unregister(self.stop)
+
+
+def _failed(ref) -> bool:
+    import ray
+
+    try:
+        ray.get(ref, timeout=0)
+        return False
+    except Exception:  # the actor died with its node
+        return True

@@ -18,7 +18,7 @@ from megatron_rl.inference.auth import auth_header
 from parallel.config import TrainerConfig
 from parallel.worker_group import WorkerGroup, free_port, node_address
 from weight_transfer.config import WeightTransferConfig
-from weight_transfer.coordinator import WeightTransferCoordinator
+from weight_transfer.coordinator import WeightTransferCoordinator, WeightTransferError
 from weight_transfer.layout import TrainerLayout
 from weight_transfer.plan import TensorSpec, TransferPlan
 from weight_transfer.replicas import HTTPReplica
@@ -120,6 +120,12 @@ class FleetWeightSync:
         self.coordinator = WeightTransferCoordinator(config, plan, replicas, PolicySenders(group, plan))
 
     async def __call__(self, version: int) -> dict[str, float]:
-        metrics = await asyncio.to_thread(self.coordinator.update, version)
+        try:
+            metrics = await asyncio.to_thread(self.coordinator.update, version)
+        except WeightTransferError as err:
+            lost = self.fleet.node_loss(err)
+            if lost is None:
+                raise
+            raise lost from err
         await self.fleet.set_weight_version(str(version))
         return metrics

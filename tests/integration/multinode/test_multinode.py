@@ -119,3 +119,29 @@ def test_recipe_trains_across_two_hosts_on_their_addresses(hosts, tmp_path):
 
     # the run stopped its server on host b: no vLLM process is left there
     assert not [line for line in _cmdlines(hosts, "b") if "vllm" in line]
+
+
+def test_a_placement_that_cannot_fit_fails_before_anything_starts(hosts, tmp_path):
+    proc, log = _train(hosts, tmp_path, "s", "schedule.total_steps=1", "+placement.server_resources.host_c=1")
+    assert proc.wait(timeout=300) == 2, log.read_text()[-3000:]
+    assert re.search(r"no node carries \{[^}]*'host_c': 1[^}]*\} for the inference", log.read_text())
+
+
+def test_losing_the_inference_host_mid_run_fails_in_bounded_time_naming_it(hosts, tmp_path):
+    b = hosts.addr["b"]
+    proc, log = _train(hosts, tmp_path, secrets.token_urlsafe(24), "schedule.total_steps=50",
+                       "inference.router.request_timeout_s=30", "weight_transfer.timeout_s=30")
+    try:
+        _wait_for(log, r"step 1 reward", proc, 900)
+        hosts.kill_host("b")
+        killed = time.monotonic()
+        code = proc.wait(timeout=300)
+        took = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text(errors="replace")
+    assert code != 0, text[-3000:]
+    assert took < 240, f"the run took {took:.0f} s to fail after host b died"
+    tail = text[-4000:]
+    assert re.search(rf"inference node\(s\) {re.escape(b)} lost", tail), tail
