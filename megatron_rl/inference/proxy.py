@@ -1,34 +1,47 @@
-"""The router served over HTTP (aiohttp) for users outside our process, e.g. a Slurm recipe:
+"""The router served over HTTP (aiohttp): an OpenAI-compatible endpoint in front of the vLLM replicas.
+``megatron-rl serve`` starts it; a Slurm recipe may run it alone:
 
     python -m megatron_rl.inference.proxy --port 8000 --policy sticky_least_loaded URL [URL ...]
 
-It speaks vLLM's ``/v1/completions`` (session id in the ``X-Session-Id`` header), answers which
-replica served a request in ``X-Replica``, and shares its routing code with the in-process client.
+Requests to vLLM's client routes (completions, chat completions, tokenize/detokenize, models) are
+forwarded byte for byte; answers come back with the replica's status code and body, streamed
+answers (server-sent events) chunk by chunk. A session stays on one replica, keyed by the
+``X-Session-Id`` header or else the request's ``user`` field. A replica that cannot be reached or
+answers 5xx is taken out of rotation and the request tried on another; once a stream has started it
+cannot move, so a replica lost mid-stream ends the stream with an error event the client raises.
+``X-Replica`` on every answer names the replica that served it.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 
 import aiohttp
 from aiohttp import web
 
+from megatron_rl.inference.auth import auth_header
 from megatron_rl.inference.config import POLICIES, RouterConfig
 from megatron_rl.inference.protocol import SESSION_HEADER
 from megatron_rl.inference.replica import KEEPALIVE_S, Replica
-from megatron_rl.inference.router import NoReplicaError, Router
+from megatron_rl.inference.router import Router
 
 REPLICA_HEADER = "X-Replica"
+FORWARDED_POSTS = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize")
 _ROUTER = web.AppKey("router", Router)
+_SECRET = web.AppKey("secret", bool)
+_UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
 
 
-def make_app(server_urls: list[str], config: RouterConfig) -> web.Application:
-    """An aiohttp app routing ``/v1/completions`` over ``server_urls``."""
+def make_app(server_urls: list[str], config: RouterConfig, secret: str | None = None) -> web.Application:
+    """An aiohttp app forwarding vLLM's client routes over ``server_urls``; with the run ``secret`` of managed
+    servers it authenticates to them itself (the router is then the only way in)."""
     app = web.Application(client_max_size=64 << 20)
 
     async def open_router(app: web.Application):
-        http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=KEEPALIVE_S))
+        http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=KEEPALIVE_S),
+                                     headers=auth_header(secret), auto_decompress=False)
         router = Router([Replica(url, http) for url in server_urls], config)
         router.start()
         app[_ROUTER] = router
@@ -36,31 +49,84 @@ def make_app(server_urls: list[str], config: RouterConfig) -> web.Application:
         await router.stop()
         await http.close()
 
+    app[_SECRET] = bool(secret)
     app.cleanup_ctx.append(open_router)
-    app.router.add_post("/v1/completions", _completions)
-    app.router.add_get("/v1/models", _models)
+    for path in FORWARDED_POSTS:
+        app.router.add_post(path, _forward)
+    app.router.add_get("/v1/models", _forward)
     app.router.add_get("/health", _health)
     return app
 
 
-async def _completions(request: web.Request) -> web.Response:
-    router = request.app[_ROUTER]
-    payload = await request.json()
+def openai_error(status: int, message: str, kind: str) -> dict:
+    """An error body in the OpenAI shape, which the ``openai`` client turns into its exceptions."""
+    return {"error": {"message": message, "type": kind, "code": status}}
+
+
+def session_key(headers, raw: bytes) -> str | None:
+    """The session a request belongs to: the ``X-Session-Id`` header, else the body's ``user`` field."""
+    if SESSION_HEADER in headers:
+        return headers[SESSION_HEADER]
+    if b'"user"' not in raw:  # skip parsing the bodies of clients that never send one
+        return None
     try:
-        body, replica, _, _ = await router.send(payload, request.headers.get(SESSION_HEADER))
-    except NoReplicaError as err:
-        return web.json_response({"error": str(err)}, status=503)
-    except ValueError as err:
-        return web.json_response({"error": str(err)}, status=400)
-    return web.json_response(body, headers={REPLICA_HEADER: replica.url}, dumps=json.dumps)
+        user = json.loads(raw).get("user")
+    except (ValueError, AttributeError):
+        return None
+    return str(user) if user else None
 
 
-async def _models(request: web.Request) -> web.Response:
+async def _forward(request: web.Request) -> web.StreamResponse:
+    """Send the request to the policy's replica, failing over on transport errors and 5xx."""
     router = request.app[_ROUTER]
-    replica = next((r for r in router.replicas if r.healthy), None)
-    if replica is None:
-        return web.json_response({"error": "no replica in rotation"}, status=503)
-    return web.json_response(await replica.get("/v1/models"))
+    raw = await request.read()
+    session = session_key(request.headers, raw)
+    # with the run secret the router authenticates itself and drops the client's Authorization
+    forwarded = ("content-type", "accept") if request.app[_SECRET] else ("content-type", "accept", "authorization")
+    headers = {k: v for k, v in request.headers.items() if k.lower() in forwarded}
+    if session:
+        headers[SESSION_HEADER] = session
+    tried: list[Replica] = []
+    last: tuple[int, bytes, str] | None = None
+    while (replica := router.next_replica(session, tried)) is not None:
+        tried.append(replica)
+        replica.in_flight += 1
+        replica.assigned += 1
+        try:
+            async with replica.http.request(request.method, replica.url + request.path_qs, data=raw or None, headers=headers,
+                                            timeout=aiohttp.ClientTimeout(total=router.config.request_timeout_s)) as upstream:
+                if upstream.status < 500:
+                    return await _relay(request, upstream, replica, router)
+                last = (upstream.status, await upstream.read(), upstream.content_type)
+                router.take_out(replica, f"HTTP {upstream.status}")
+        except _UPSTREAM_ERRORS as err:
+            replica.stats.failures += 1
+            router.take_out(replica, f"{type(err).__name__}: {err}")
+        finally:
+            replica.in_flight -= 1
+    if last is not None:
+        return web.Response(status=last[0], body=last[1], content_type=last[2])
+    message = f"no replica answered {request.path} after {len(tried)} attempt(s)"
+    return web.json_response(openai_error(503, message, "no_replica"), status=503)
+
+
+async def _relay(request: web.Request, upstream: aiohttp.ClientResponse, replica: Replica, router: Router) -> web.StreamResponse:
+    """The replica's answer, unchanged: status, content type and body; an event stream chunk by chunk."""
+    if upstream.content_type != "text/event-stream":
+        return web.Response(status=upstream.status, body=await upstream.read(), content_type=upstream.content_type,
+                            headers={REPLICA_HEADER: replica.url})
+    response = web.StreamResponse(status=upstream.status, headers={
+        "Content-Type": upstream.headers.get("Content-Type", "text/event-stream"), REPLICA_HEADER: replica.url})
+    await response.prepare(request)
+    try:
+        async for chunk in upstream.content.iter_any():
+            await response.write(chunk)
+    except _UPSTREAM_ERRORS as err:
+        router.take_out(replica, f"lost mid-stream: {type(err).__name__}: {err}")
+        message = f"replica {replica.url} was lost mid-stream ({type(err).__name__}); the answer is incomplete"
+        await response.write(f"data: {json.dumps(openai_error(502, message, 'upstream_lost'))}\n\n".encode())
+    await response.write_eof()
+    return response
 
 
 async def _health(request: web.Request) -> web.Response:

@@ -45,11 +45,7 @@ class Router:
         headers = {SESSION_HEADER: session_id} if session_id else {}
         tried: list[Replica] = []
         errors: list[str] = []
-        while len(tried) < self.config.max_attempts:
-            candidates = [r for r in self.replicas if r.healthy and r not in tried]
-            if not candidates:
-                break
-            replica = self.policy.choose(candidates, session_id)
+        while (replica := self.next_replica(session_id, tried)) is not None:
             tried.append(replica)
             try:
                 body, latency = await replica.complete(payload, headers, self.config.request_timeout_s)
@@ -58,6 +54,13 @@ class Router:
                 errors.append(str(err))
                 self.take_out(replica, err)
         raise NoReplicaError(f"no replica completed the request after {len(tried)} attempt(s): {errors}")
+
+    def next_replica(self, session_id: str | None, tried: list[Replica]) -> Replica | None:
+        """The policy's pick among healthy replicas not yet ``tried``; None when attempts or replicas run out."""
+        candidates = [r for r in self.replicas if r.healthy and r not in tried]
+        if not candidates or len(tried) >= self.config.max_attempts:
+            return None
+        return self.policy.choose(candidates, session_id)
 
     def quarantine(self, url: str, reason: str) -> None:
         """Take the replica at ``url`` out for good (its weights are not the fleet's): probes never return it."""
