@@ -24,6 +24,11 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("overrides", nargs="*", help=_OVERRIDES_HELP)
     plan = sub.add_parser("plan", help="print placement, per-GPU memory and weight-transfer time on a cluster; starts nothing")
     plan.add_argument("overrides", nargs="*", help=_OVERRIDES_HELP + "; cluster=NODESxGPUSxKIND[@GBIT_S] (default 1x8xH100)")
+    fleet = sub.add_parser("serve", help="start the vLLM fleet behind an OpenAI-compatible router; Ctrl-C stops it")
+    fleet.add_argument("overrides", nargs="*", help="model=DIR, inference.num_servers=N and other training keys (or "
+                       "inference.num_servers=0 inference.external_server_urls=[URL,...] to front running servers)")
+    fleet.add_argument("--host", default="127.0.0.1", help="address the router listens on")
+    fleet.add_argument("--port", type=int, default=8000, help="port the router listens on")
     serve = sub.add_parser("serve-envs", help="serve a bundle's environments over HTTP/WebSocket (one session per episode)")
     serve.add_argument("bundle", help="module, .py file or folder registering envs (and TASKS); 'builtin' for the built-ins")
     serve.add_argument("--host", default="127.0.0.1")
@@ -61,6 +66,14 @@ def _serve_envs(args) -> None:
     serve(ServerConfig(args.bundle, args.host, args.port, token, args.max_concurrent, args.max_wait_s))
 
 
+def _serve(args) -> None:
+    from megatron_rl.config import load_config
+    from megatron_rl.inference.serve import serve
+
+    overrides = [f"model.path={w[6:]}" if w.startswith("model=") else w for w in args.overrides]
+    serve(load_config(overrides), args.host, args.port)
+
+
 def _make_tiny_model(args) -> None:
     from megatron_rl.tiny import make_tiny_model
 
@@ -91,7 +104,7 @@ def _train(args) -> None:
 
 
 COMMANDS = {"make-tiny-model": _make_tiny_model, "train": _train, "config": _config, "serve-envs": _serve_envs,
-            "write-rows": _write_rows, "plan": _plan}
+            "write-rows": _write_rows, "plan": _plan, "serve": _serve}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"megatron-rl {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"megatron-rl {args.command}: interrupted; everything it started is stopped", file=sys.stderr)
+        return 130
     return 0
 
 
