@@ -17,6 +17,8 @@ class RunConfig:
     """``none`` starts fresh (refusing a run folder that already has steps); ``latest`` continues."""
     wandb_project: str = ""
     """W&B project; empty disables W&B (metrics.jsonl is always written)."""
+    verbose: bool = False
+    """Show every warning of every process (third-party notices are filtered from the console otherwise)."""
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name:
