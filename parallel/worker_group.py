@@ -130,17 +130,19 @@ def _plain_errors(fn: Callable, *args, **kwargs):
 
 class WorkerGroup:
     """``world_size`` policy ranks laid out by ``cfg.parallel`` (data parallel takes the rest), with a
-    critic when ``critic`` is given and a reference policy when ``reference`` is set."""
+    critic when ``critic`` is given and a reference policy when ``reference`` is set. Each rank's actor asks for
+    ``resources`` (node labels) and takes its entry of ``actor_options`` (e.g. its placement-group bundle)."""
 
     def __init__(self, hf_dir: str | Path, cfg: TrainerConfig, algorithm: AlgorithmConfig, world_size: int = 1,
-                 critic: CriticConfig | None = None, reference: bool = False, resources: dict | None = None):
+                 critic: CriticConfig | None = None, reference: bool = False, resources: dict | None = None,
+                 actor_options: list[dict] | None = None):
         cfg.parallel.check_world(world_size)
         self.models = ["policy"] + (["critic"] if critic is not None else []) + (["reference"] if reference else [])
         start_ray()
         gpus = 1 if torch.cuda.is_available() else 0
         actor = ray.remote(num_cpus=0, num_gpus=gpus, resources=dict(resources or {}))(_PolicyRank)
         self.world_size = world_size
-        self.ranks = [actor.remote() for _ in range(world_size)]
+        self.ranks = [actor.options(**opts).remote() for opts in (actor_options or [{}] * world_size)]
         self.init_method = ray.get(self.ranks[0].rendezvous.remote())
         """Where the ranks met: ``tcp://<rank 0's node address>:<port chosen there>``."""
         self.nodes: list[str] = ray.get([

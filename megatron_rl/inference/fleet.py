@@ -35,9 +35,12 @@ class InferenceFleet:
     external ones are only connected to. Managed servers refuse requests without the run's secret
     (``MEGATRON_RL_RUN_SECRET``, or one made for this fleet); every call here carries it."""
 
-    def __init__(self, config: InferenceConfig, placement: PlacementConfig | None = None):
+    def __init__(self, config: InferenceConfig, placement: PlacementConfig | None = None,
+                 server_options: list[dict] | None = None):
         self.config = config
         self.placement = placement or PlacementConfig()
+        self.server_options = server_options
+        """Ray options per managed server's actor (its placement-group bundle), with ``placement.servers=ray``."""
         self.secret = run_secret() or (None if config.external else new_secret())
         """The run secret the servers check (None: an external fleet without one)."""
         self.local: LocalServers | RayServers | None = None
@@ -57,7 +60,8 @@ class InferenceFleet:
             server_urls = list(cfg.external_server_urls)
         else:
             if self.placement.servers == "ray":
-                self.local = RayServers(cfg.server, cfg.num_servers, self.placement.server_resources, self.secret)
+                self.local = RayServers(cfg.server, cfg.num_servers, self.placement.server_resources, self.secret,
+                                        self.server_options)
             else:
                 self.local = LocalServers(cfg.server, cfg.num_servers, secret=self.secret)
             self.local.start()

@@ -92,10 +92,14 @@ class _ServerHost:
 
 class RayServers:
     """``num`` servers, each started by a Ray actor asking for ``resources`` (node labels) and the server's
-    GPUs; same interface as :class:`LocalServers`."""
+    GPUs, with its entry of ``actor_options`` (e.g. its placement-group bundle); same interface as
+    :class:`LocalServers`."""
 
-    def __init__(self, config: ServerConfig, num: int, resources: dict | None = None, secret: str | None = None):
+    def __init__(self, config: ServerConfig, num: int, resources: dict | None = None, secret: str | None = None,
+                 actor_options: list[dict] | None = None):
         self.config, self.num, self.secret = _checked(config), num, secret
+        self.actor_options = actor_options or [{}] * num
+        """Ray options per server's actor (e.g. its placement-group bundle)."""
         gpus = 0 if _on_cpu() else config.tensor_parallel_size
         import ray
 
@@ -108,7 +112,7 @@ class RayServers:
 
         atexit.register(self.stop)
         try:
-            self.hosts = [self._actor.remote() for _ in range(self.num)]
+            self.hosts = [self._actor.options(**opts).remote() for opts in self.actor_options]
             self.urls = ray.get([h.start.remote(self.config, i, self.secret) for i, h in enumerate(self.hosts)])
             log.info("inference: %d vLLM server(s) up on their nodes: %s", self.num, self.urls)
         except BaseException:

@@ -120,16 +120,21 @@ def render(cfg: TrainConfig, cluster: Cluster) -> str:
     return "\n".join(lines)
 
 
-def check_fit(cfg: TrainConfig) -> None:
-    """Before any actor starts: the run's placement fits the live Ray cluster (labels present, GPUs enough), or a
-    PlacementError naming what is missing. Only where the config places processes (Ray-launched servers or
-    node labels); a one-host run with its servers beside the driver has nothing to place."""
+def reserve(cfg: TrainConfig):
+    """Before any actor starts: check the run's placement against the live Ray cluster (labels present, GPUs
+    enough; a PlacementError names what is missing), then reserve it as Ray placement groups. Only where the
+    config places processes (Ray-launched servers or node labels); a one-host run with its servers beside the
+    driver has nothing to place."""
+    from megatron_rl.runtime.ray_groups import Reserved
+
     pl = cfg.placement
     if pl.servers != "ray" and not pl.trainer_resources:
-        return
+        return Reserved([])
     from megatron_rl.runtime.cluster import ray_cluster
     from parallel.worker_group import start_ray
 
     start_ray()
     cluster = ray_cluster()
-    place([g for g in bundle_groups(cfg, cluster) if g.role == "trainer" or pl.servers == "ray"], cluster, pl.layout)
+    groups = [g for g in bundle_groups(cfg, cluster) if g.role == "trainer" or pl.servers == "ray"]
+    place(groups, cluster, pl.layout)
+    return Reserved([g for g in groups if not (pl.layout == "colocated" and g.role == "inference")])
