@@ -6,10 +6,12 @@ import asyncio
 import dataclasses
 import logging
 import random
+import time
 from pathlib import Path
 
 import torch
 
+from megatron_rl import console
 from megatron_rl.checkpoint import latest_checkpoint
 from megatron_rl.config import to_yaml
 from megatron_rl.config.schema import TrainConfig
@@ -17,7 +19,8 @@ from megatron_rl.data.sampler import PromptSampler
 from megatron_rl.generator.generator import Generator
 from megatron_rl.inference.fleet import InferenceFleet
 from megatron_rl.run_folder import RunFolder
-from megatron_rl.runtime.plan import check_fit
+from megatron_rl.run_summary import summary_lines
+from megatron_rl.runtime.plan import reserve
 from megatron_rl.schedules import data_setup
 from megatron_rl.schedules.components import Components, LoopState
 from megatron_rl.schedules.sft import run_sft
@@ -64,13 +67,15 @@ async def _train(cfg: TrainConfig, folder: RunFolder, tracker: Tracker) -> LoopS
     sampler = PromptSampler(train, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
     world = cfg.trainer.num_ranks
     algo = cfg.algorithm
-    check_fit(cfg)  # a placement that cannot fit the cluster fails here, before any actor starts
+    reserved = reserve(cfg)  # a placement that cannot fit the cluster fails here, before any actor starts
     policy = WorkerGroup(model_path, cfg.trainer, algo, world_size=world,
                          critic=cfg.critic if algo.advantage_estimator == "gae" else None,
-                         reference=algo.kl.needs_reference, resources=cfg.placement.trainer_resources)
+                         reference=algo.kl.needs_reference, resources=cfg.placement.trainer_resources,
+                         actor_options=reserved.options("trainer", world))
     log.info("trainer: %d rank(s) on nodes %s, rendezvous %s", world, policy.nodes, policy.init_method)
     try:
-        async with InferenceFleet(_fleet_config(cfg, model_path, folder.root), cfg.placement) as fleet:
+        async with InferenceFleet(_fleet_config(cfg, model_path, folder.root), cfg.placement,
+                                  reserved.options("inference", cfg.inference.num_servers)) as fleet:
             plan = build_plan(Path(model_path), hf_config, cfg.trainer, world, cfg.weight_transfer.bucket_bytes)
             generator = Generator(fleet, tokenizer, cfg.generator, vocab_size=hf_config.vocab_size,
                                   env_configs=cfg.envs, num_experts=getattr(hf_config, "num_experts", None),
@@ -79,9 +84,11 @@ async def _train(cfg: TrainConfig, folder: RunFolder, tracker: Tracker) -> LoopS
             c = Components(cfg, generator, policy, FleetWeightSync(cfg.weight_transfer, plan, policy, fleet), sampler,
                            evals, folder, tracker, tokenizer.pad_token_id or 0)
             state = await _start(c, data_metrics)
-            return await SCHEDULES[cfg.schedule.type](c, state)
+            with tracker.phase("rl"):
+                return await SCHEDULES[cfg.schedule.type](c, state)
     finally:
         policy.shutdown()
+        reserved.release()
 
 
 async def _start(c: Components, data_metrics: dict) -> LoopState:
@@ -98,11 +105,12 @@ async def _start(c: Components, data_metrics: dict) -> LoopState:
         return state
     state = LoopState()
     if cfg.sft.steps:
-        sft_metrics = run_sft(c, PromptSampler(c.train_data.items, seed=cfg.run.seed + 1))
-        if cfg.algorithm.kl.needs_reference:
-            c.policy.snapshot_reference()  # KL anchors RL to the model it starts from
-        state.version = 1
-        sync = await c.weight_sync(state.version)
+        with c.tracker.phase("sft"):
+            sft_metrics = run_sft(c, PromptSampler(c.train_data.items, seed=cfg.run.seed + 1))
+            if cfg.algorithm.kl.needs_reference:
+                c.policy.snapshot_reference()  # KL anchors RL to the model it starts from
+            state.version = 1
+            sync = await c.weight_sync(state.version)
         c.tracker.log(0, {**data_metrics, **sft_metrics, **sync})
     return state
 
@@ -110,14 +118,18 @@ async def _start(c: Components, data_metrics: dict) -> LoopState:
 def train(cfg: TrainConfig) -> Path:
     """Run the configured job; returns the run folder."""
     _check(cfg)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    start = time.perf_counter()
+    console.setup(cfg.run.verbose)
     random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)
     folder = RunFolder(Path(cfg.run.output_dir) / cfg.run.name, resume=cfg.run.resume == "latest")
     folder.write_config(to_yaml(cfg))
-    tracker = Tracker(folder, cfg.run.name, cfg.run.wandb_project, dataclasses.asdict(cfg))
+    tracker = Tracker(folder, cfg.run.name, cfg.run.wandb_project, dataclasses.asdict(cfg), cfg.schedule.total_steps)
     try:
         asyncio.run(_train(cfg, folder, tracker))
     finally:
-        log.info("curves: %s", tracker.finish())
+        curves = tracker.finish()
+        tracker.phases["total"] = time.perf_counter() - start
+        for line in summary_lines(folder.read_metrics(), tracker.phases, folder.root, curves):
+            log.info(line)
     return folder.root
