@@ -12,6 +12,7 @@ _OVERRIDES_HELP = "recipe=NAME and key=value overrides (e.g. recipe=tiny_cpu run
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="megatron-rl", description="RL post-training on megatron-core with vLLM sampling.")
+    p.add_argument("-v", "--verbose", action="store_true", help="show the traceback of an error, not only its line")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     tiny = sub.add_parser("make-tiny-model", help="write a random-initialised HF checkpoint and tokenizer")
     tiny.add_argument("--arch", choices=ARCHS, required=True)
@@ -69,9 +70,12 @@ def _serve_envs(args) -> None:
 def _serve(args) -> None:
     from megatron_rl.config import load_config
     from megatron_rl.inference.serve import serve
+    from megatron_rl.preflight import check_serve
 
     overrides = [f"model.path={w[6:]}" if w.startswith("model=") else w for w in args.overrides]
-    serve(load_config(overrides), args.host, args.port)
+    cfg = load_config(overrides)
+    check_serve(cfg)
+    serve(cfg, args.host, args.port)
 
 
 def _make_tiny_model(args) -> None:
@@ -98,9 +102,12 @@ def _plan(args) -> None:
 
 def _train(args) -> None:
     from megatron_rl.config import load_config
+    from megatron_rl.preflight import check_train
     from megatron_rl.schedules.job import train
 
-    print(f"run folder: {train(load_config(args.overrides))}")
+    cfg = load_config(args.overrides)
+    check_train(cfg)
+    print(f"run folder: {train(cfg)}")
 
 
 COMMANDS = {"make-tiny-model": _make_tiny_model, "train": _train, "config": _config, "serve-envs": _serve_envs,
@@ -112,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         COMMANDS[args.command](args)
     except ValueError as err:
+        if args.verbose:
+            raise
         print(f"megatron-rl {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
