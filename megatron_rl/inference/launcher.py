@@ -13,6 +13,9 @@ from megatron_rl.inference.config import ServerConfig
 from megatron_rl.inference.server_process import LOOPBACK, ManagedServer, wait_healthy
 
 log = logging.getLogger(__name__)
+ABORT_GRACE_S = 3.0
+"""Grace after SIGTERM when start-up is aborted (Ctrl-C, a failed server): a vLLM server still loading
+may not act on SIGTERM until it is up, and it holds nothing worth a clean shutdown yet."""
 
 
 def _on_cpu() -> bool:
@@ -54,13 +57,14 @@ class LocalServers:
             log.info("inference: waiting for %d vLLM server(s): %s", len(self.servers), self.urls)
             wait_healthy(self.servers, self.timeout_s)
         except BaseException:
-            self.stop()
+            self.stop(grace_s=ABORT_GRACE_S)
             raise
         return self
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = 20.0) -> None:
+        """Stop every server, giving each ``grace_s`` after SIGTERM before SIGKILL."""
         for server in self.servers:
-            server.stop()
+            server.stop(grace_s)
         atexit.unregister(self.stop)
 
     def lost_nodes(self) -> list[str]:
