@@ -10,19 +10,37 @@ from megatron_rl.tiny import ARCHS, SIZES
 _OVERRIDES_HELP = "recipe=NAME and key=value overrides (e.g. recipe=tiny_cpu run.seed=1)"
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose epilog may be a function, called only when help is printed (it reads the
+    recipes and the config's docstrings, which other commands need not pay for)."""
+
+    def format_help(self) -> str:
+        if callable(self.epilog):
+            self.epilog = self.epilog()
+        return super().format_help()
+
+
+def _train_epilog() -> str:
+    from megatron_rl.config.describe import train_epilog
+
+    return train_epilog()
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="megatron-rl", description="RL post-training on megatron-core with vLLM sampling.")
     p.add_argument("-v", "--verbose", action="store_true", help="show the traceback of an error, not only its line")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     tiny = sub.add_parser("make-tiny-model", help="write a random-initialised HF checkpoint and tokenizer")
     tiny.add_argument("--arch", choices=ARCHS, required=True)
     tiny.add_argument("--out", required=True, help="output folder (reused if it holds the same spec)")
     tiny.add_argument("--size", choices=tuple(SIZES), default="unit")
     tiny.add_argument("--seed", type=int, default=0)
-    train = sub.add_parser("train", help="run RL training (default recipe: tiny_cpu)")
+    train = sub.add_parser("train", help="run RL training (default recipe: tiny_cpu)", epilog=_train_epilog,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     train.add_argument("overrides", nargs="*", help=_OVERRIDES_HELP)
     show = sub.add_parser("config", help="print the resolved config of a recipe with overrides")
     show.add_argument("overrides", nargs="*", help=_OVERRIDES_HELP)
+    show.add_argument("--describe", action="store_true", help="each key with its docstring (and its default when changed)")
     plan = sub.add_parser("plan", help="print placement, per-GPU memory and weight-transfer time on a cluster; starts nothing")
     plan.add_argument("overrides", nargs="*", help=_OVERRIDES_HELP + "; cluster=NODESxGPUSxKIND[@GBIT_S] (default 1x8xH100)")
     fleet = sub.add_parser("serve", help="start the vLLM fleet behind an OpenAI-compatible router; Ctrl-C stops it")
@@ -87,7 +105,13 @@ def _make_tiny_model(args) -> None:
 def _config(args) -> None:
     from megatron_rl.config import load_config, to_yaml
 
-    print(to_yaml(load_config(args.overrides)), end="")
+    cfg = load_config(args.overrides)
+    if args.describe:
+        from megatron_rl.config.describe import describe
+
+        print(describe(cfg))
+    else:
+        print(to_yaml(cfg), end="")
 
 
 def _plan(args) -> None:
