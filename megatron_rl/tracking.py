@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
 from pathlib import Path
 
+from megatron_rl.console import StepClock
 from megatron_rl.env_vars import wandb_mode
 from megatron_rl.run_folder import RunFolder
 
@@ -13,21 +16,32 @@ log = logging.getLogger("megatron_rl")
 # The few numbers a person watches, in console order.
 _CONSOLE = (
     ("reward/mean", "reward", "{:.3f}"),
-    ("eval/reward_mean", "eval", "{:.3f}"),
+    ("env/correct", "correct", "{:.3f}"),
+    ("eval/pass_rate", "eval_pass", "{:.3f}"),
+    ("eval/reward_mean", "eval_reward", "{:.3f}"),
     ("generate/response_length", "resp_len", "{:.1f}"),
+    ("policy/entropy", "entropy", "{:.2f}"),
     ("policy/loss", "loss", "{:.4f}"),
-    ("timing/generate", "gen_s", "{:.1f}"),
-    ("timing/train", "train_s", "{:.1f}"),
-    ("timing/weight_sync", "sync_s", "{:.2f}"),
     ("timing/step", "step_s", "{:.1f}"),
+)
+# curves.png: one panel each, (metric, title); a panel with no points says so.
+PANELS = (
+    ("reward/mean", "train reward"),
+    ("eval/pass_rate", "eval pass rate (held-out)"),
+    ("generate/response_length", "response length (tokens)"),
+    ("policy/entropy", "entropy (nats/token)"),
+    ("policy/kl", "KL to reference"),
+    ("policy/rollout_train_k3_kl", "rollout/trainer mismatch (k3 KL)"),
 )
 
 
 class Tracker:
-    """Logs each step's metrics everywhere a run reports them."""
+    """Logs each step's metrics everywhere a run reports them, and times the run's phases."""
 
-    def __init__(self, folder: RunFolder, run_name: str, wandb_project: str, config: dict):
+    def __init__(self, folder: RunFolder, run_name: str, wandb_project: str, config: dict, total_steps: int = 0):
         self.folder = folder
+        self.clock = StepClock(total_steps)
+        self.phases: dict[str, float] = {}
         self._wandb = None
         if wandb_project:
             import wandb
@@ -40,36 +54,46 @@ class Tracker:
         if self._wandb is not None:
             self._wandb.log(metrics, step=step)
         shown = " ".join(f"{label}={fmt.format(metrics[key])}" for key, label, fmt in _CONSOLE if key in metrics)
-        log.info("step %d %s", step, shown)
+        log.info("step %s %s", self.clock.tag(step), shown)
 
     def log_sft(self, step: int, metrics: dict[str, float]) -> None:
         """SFT warm-start progress: console only (RL steps own metrics.jsonl's step axis)."""
-        shown = " ".join(f"{k.split('/')[-1]}={v:.4g}" for k, v in sorted(metrics.items()))
-        log.info("sft step %d %s", step, shown)
+        log.info("sft step %d loss=%.4f entropy=%.2f lr=%.2e", step, metrics.get("sft/loss", float("nan")),
+                 metrics.get("sft/entropy", float("nan")), metrics.get("sft/lr", float("nan")))
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        """``with tracker.phase("sft"):`` adds the block's wall seconds to ``phases[name]``."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - start
 
     def finish(self) -> Path:
-        """Write ``curves.png`` (training and eval reward by step) and close W&B."""
-        path = plot_rewards(self.folder.read_metrics(), self.folder.root / "curves.png")
+        """Write ``curves.png`` and close W&B."""
+        path = plot_curves(self.folder.read_metrics(), self.folder.root / "curves.png")
         if self._wandb is not None:
             self._wandb.finish()
         return path
 
 
-def plot_rewards(records: list[dict], out: Path) -> Path:
+def plot_curves(records: list[dict], out: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for key, label in (("reward/mean", "train reward"), ("eval/reward_mean", "eval reward")):
+    fig, axes = plt.subplots(2, 3, figsize=(12, 6))
+    for ax, (key, title) in zip(axes.flat, PANELS):
         points = [(r["step"], r[key]) for r in records if key in r]
         if points:
-            ax.plot(*zip(*points), marker="o", markersize=3, label=label)
-    ax.set_xlabel("step")
-    ax.set_ylabel("reward")
-    ax.legend()
-    ax.grid(alpha=0.3)
+            ax.plot(*zip(*points), marker="o", markersize=3)
+        else:
+            ax.text(0.5, 0.5, f"not measured\n({key})", ha="center", va="center", transform=ax.transAxes)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)

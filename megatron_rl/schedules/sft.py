@@ -12,6 +12,7 @@ import time
 from correction.config import CorrectionConfig
 from correction.routing_replay import RoutingReplayConfig
 from megatron_rl.algorithms.config import KLConfig
+from megatron_rl.console import bar
 from megatron_rl.contracts import PromptItem, TrainingBatch, Trajectory, TrajectoryId
 from megatron_rl.data.sampler import PromptSampler
 from megatron_rl.envs.registry import get_env_class
@@ -42,6 +43,7 @@ def run_sft(c: Components, sampler: PromptSampler) -> dict[str, float]:
     loss = dataclasses.replace(c.config.algorithm, policy_loss_type="cross_entropy", correction=CorrectionConfig(),
                                routing_replay=RoutingReplayConfig(), kl=KLConfig())
     metrics: dict[str, float] = {}
+    progress = bar(cfg.steps, "sft")
     for step in range(cfg.steps):
         start = time.perf_counter()
         items = sampler.next_batch(cfg.batch_size)
@@ -53,6 +55,8 @@ def run_sft(c: Components, sampler: PromptSampler) -> dict[str, float]:
             out.pop(mismatch, None)  # demonstrations carry no sampler log-probs
         metrics = {f"sft/{k.split('/', 1)[-1]}": v for k, v in out.items()}
         metrics["sft/seconds"] = time.perf_counter() - start
+        progress.update()
         if step % 10 == 0 or step + 1 == cfg.steps:
             c.tracker.log_sft(step, metrics)
+    progress.close()
     return metrics

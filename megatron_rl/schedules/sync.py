@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 
+from megatron_rl.console import bar
 from megatron_rl.contracts import GeneratorInput
 from megatron_rl.schedules.components import Components, LoopState
 from megatron_rl.schedules.evaluation import evaluate
@@ -24,8 +25,11 @@ async def run_sync(c: Components, state: LoopState) -> LoopState:
     cfg = c.config
     if state.step == 0 and cfg.schedule.eval_every:
         c.tracker.log(0, await evaluate(c, state))
+    progress = bar(cfg.schedule.total_steps, "rl steps")
+    progress.update(state.step)
     for step in range(state.step, cfg.schedule.total_steps):
         metrics = await _step(c, state, step)
+        progress.update()
         state.step = step + 1
         state.data = c.train_data.state_dict()
         if due(cfg.schedule.eval_every, state.step, cfg.schedule.total_steps):
@@ -33,6 +37,7 @@ async def run_sync(c: Components, state: LoopState) -> LoopState:
         if due(cfg.schedule.checkpoint_every, state.step, cfg.schedule.total_steps):
             save(c, state)
         c.tracker.log(state.step, metrics)
+    progress.close()
     return state
 
 
