@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.console import Console
 from rich.progress import Progress
 
 from megatron_rl.contracts import GeneratorInput, GeneratorOutput
@@ -54,7 +55,9 @@ class Generator:
             return make_env(item.env_class, item.env_extras, self.env_configs.get(item.env_class))
 
         total = len(gi.prompts) * gi.n_samples_per_prompt
-        with Progress(transient=True, disable=not self.show_progress) as bar:
+        # On stderr with the log lines; off where stderr is no terminal (a stopped bar there prints a blank line).
+        console = Console(stderr=True)
+        with Progress(transient=True, console=console, disable=not (self.show_progress and console.is_terminal)) as bar:
             task = bar.add_task("eval" if evaluation else f"generate step {gi.step}", total=total)
             out = await generate_batch(ctx, gi, new_env, pad, progress=lambda: bar.advance(task))
         out.check_matches(gi, vocab_size=self.vocab_size)
