@@ -77,7 +77,8 @@ def session_key(headers, raw: bytes) -> str | None:
 
 
 async def _forward(request: web.Request) -> web.StreamResponse:
-    """Send the request to the policy's replica, failing over on transport errors and 5xx."""
+    """Send the request to the policy's replica, failing over while no replica has answered (transport
+    errors, 5xx); errors of the client's own connection never count against a replica."""
     router = request.app[_ROUTER]
     raw = await request.read()
     session = session_key(request.headers, raw)
@@ -86,26 +87,30 @@ async def _forward(request: web.Request) -> web.StreamResponse:
     headers = {k: v for k, v in request.headers.items() if k.lower() in forwarded}
     if session:
         headers[SESSION_HEADER] = session
+    timeout = aiohttp.ClientTimeout(total=router.config.request_timeout_s)
     tried: list[Replica] = []
-    last: tuple[int, bytes, str] | None = None
+    last: web.Response | None = None
     while (replica := router.next_replica(session, tried)) is not None:
         tried.append(replica)
         replica.in_flight += 1
         replica.assigned += 1
         try:
-            async with replica.http.request(request.method, replica.url + request.path_qs, data=raw or None, headers=headers,
-                                            timeout=aiohttp.ClientTimeout(total=router.config.request_timeout_s)) as upstream:
+            try:
+                upstream = await replica.http.request(request.method, replica.url + request.path_qs, data=raw or None,
+                                                      headers=headers, timeout=timeout)
+            except _UPSTREAM_ERRORS as err:
+                replica.stats.failures += 1
+                router.take_out(replica, f"{type(err).__name__}: {err}")
+                continue
+            async with upstream:
                 if upstream.status < 500:
                     return await _relay(request, upstream, replica, router)
-                last = (upstream.status, await upstream.read(), upstream.content_type)
+                last = await _read_whole(upstream, replica, router)
                 router.take_out(replica, f"HTTP {upstream.status}")
-        except _UPSTREAM_ERRORS as err:
-            replica.stats.failures += 1
-            router.take_out(replica, f"{type(err).__name__}: {err}")
         finally:
             replica.in_flight -= 1
     if last is not None:
-        return web.Response(status=last[0], body=last[1], content_type=last[2])
+        return last
     message = f"no replica answered {request.path} after {len(tried)} attempt(s)"
     return web.json_response(openai_error(503, message, "no_replica"), status=503)
 
@@ -113,20 +118,36 @@ async def _forward(request: web.Request) -> web.StreamResponse:
 async def _relay(request: web.Request, upstream: aiohttp.ClientResponse, replica: Replica, router: Router) -> web.StreamResponse:
     """The replica's answer, unchanged: status, content type and body; an event stream chunk by chunk."""
     if upstream.content_type != "text/event-stream":
-        return web.Response(status=upstream.status, body=await upstream.read(), content_type=upstream.content_type,
-                            headers={REPLICA_HEADER: replica.url})
+        return await _read_whole(upstream, replica, router)
     response = web.StreamResponse(status=upstream.status, headers={
         "Content-Type": upstream.headers.get("Content-Type", "text/event-stream"), REPLICA_HEADER: replica.url})
     await response.prepare(request)
-    try:
-        async for chunk in upstream.content.iter_any():
-            await response.write(chunk)
-    except _UPSTREAM_ERRORS as err:
-        router.take_out(replica, f"lost mid-stream: {type(err).__name__}: {err}")
-        message = f"replica {replica.url} was lost mid-stream ({type(err).__name__}); the answer is incomplete"
-        await response.write(f"data: {json.dumps(openai_error(502, message, 'upstream_lost'))}\n\n".encode())
+    chunks = upstream.content.iter_any()
+    while True:
+        try:
+            chunk = await anext(chunks)
+        except StopAsyncIteration:
+            break
+        except _UPSTREAM_ERRORS as err:
+            router.take_out(replica, f"lost mid-stream: {type(err).__name__}: {err}")
+            message = f"replica {replica.url} was lost mid-stream ({type(err).__name__}); the answer is incomplete"
+            await response.write(f"data: {json.dumps(openai_error(502, message, 'upstream_lost'))}\n\n".encode())
+            break
+        await response.write(chunk)
     await response.write_eof()
     return response
+
+
+async def _read_whole(upstream: aiohttp.ClientResponse, replica: Replica, router: Router) -> web.Response:
+    """A whole (non-streamed) answer as the replica sent it; 502 when the replica is lost while sending it."""
+    try:
+        body = await upstream.read()
+    except _UPSTREAM_ERRORS as err:
+        router.take_out(replica, f"lost while answering: {type(err).__name__}: {err}")
+        message = f"replica {replica.url} was lost while answering ({type(err).__name__})"
+        return web.json_response(openai_error(502, message, "upstream_lost"), status=502)
+    return web.Response(status=upstream.status, body=body, content_type=upstream.content_type,
+                        headers={REPLICA_HEADER: replica.url})
 
 
 async def _health(request: web.Request) -> web.Response:
