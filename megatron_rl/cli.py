@@ -127,10 +127,11 @@ def _plan(args) -> None:
 def _train(args) -> None:
     from megatron_rl.config import load_config
     from megatron_rl.preflight import check_train
-    from megatron_rl.schedules.job import train
 
     cfg = load_config(args.overrides)
     check_train(cfg)
+    from megatron_rl.schedules.job import train  # heavy (Ray, megatron): imported once the inputs are known good
+
     print(f"run folder: {train(cfg)}")
 
 
