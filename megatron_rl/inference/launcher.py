@@ -5,9 +5,12 @@ node's address and seeing only the devices Ray gave the actor (``RayServers``)."
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import logging
+import signal
 import tempfile
+import threading
 
 from megatron_rl.inference.config import ServerConfig
 from megatron_rl.inference.server_process import LOOPBACK, ManagedServer, wait_healthy
@@ -16,6 +19,20 @@ log = logging.getLogger(__name__)
 ABORT_GRACE_S = 3.0
 """Grace after SIGTERM when start-up is aborted (Ctrl-C, a failed server): a vLLM server still loading
 may not act on SIGTERM until it is up, and it holds nothing worth a clean shutdown yet."""
+
+
+@contextlib.contextmanager
+def _ctrl_c_interrupts():
+    """Ctrl-C raises KeyboardInterrupt inside the block, also under ``asyncio.run``: its own handler only
+    cancels the main task, which a blocking wait for health does not see until the servers are up."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _on_cpu() -> bool:
@@ -55,7 +72,8 @@ class LocalServers:
             for server in self.servers:
                 server.start()
             log.info("inference: waiting for %d vLLM server(s): %s", len(self.servers), self.urls)
-            wait_healthy(self.servers, self.timeout_s)
+            with _ctrl_c_interrupts():
+                wait_healthy(self.servers, self.timeout_s)
         except BaseException:
             self.stop(grace_s=ABORT_GRACE_S)
             raise

@@ -122,26 +122,55 @@ def test_output_folder_is_a_file(tmp_path):
     assert_one_line_error(["train", f"run.output_dir={taken}/runs"], f"run.output_dir={taken}/runs", "is a file")
 
 
-def test_ctrl_c_while_vllm_starts_exits_within_10_s():
-    model = make_tiny_model("qwen3", size="unit", seed=0)
+def interrupt_during_startup(argv: list[str]) -> tuple[int, str, float]:
+    """Run ``argv``, send SIGINT 3 s after its vLLM server process appears; (exit code, stderr, seconds from
+    SIGINT to exit). Fails if a process it started outlives it."""
     marker = uuid.uuid4().hex
-    cli = subprocess.Popen([sys.executable, "-m", "megatron_rl.cli", "serve", f"model={model}", "inference.num_servers=1",
-                            "inference.server.kv_cache_gib=0.25", "inference.server.max_model_len=256"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, MARKER: marker})
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, MARKER: marker})
     try:
         deadline = time.monotonic() + 60
-        while not any("api_server" in " ".join(p.cmdline()) for p in marked(marker) if p.pid != cli.pid):
-            assert cli.poll() is None and time.monotonic() < deadline, "no vLLM server started"
+        while not any("api_server" in " ".join(p.cmdline()) for p in marked(marker) if p.pid != proc.pid):
+            assert proc.poll() is None and time.monotonic() < deadline, "no vLLM server started"
             time.sleep(0.2)
         time.sleep(3)  # well inside the server's start-up (tens of seconds on this machine)
-        cli.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGINT)
         start = time.monotonic()
-        code = cli.wait(timeout=30)
+        code = proc.wait(timeout=30)
         elapsed = time.monotonic() - start
     finally:
-        left = [p for p in marked(marker) if p.pid != cli.pid]
+        left = [p for p in marked(marker) if p.pid != proc.pid]
         for process in left:
             process.kill()
     assert not left, f"processes left behind: {left}"
-    assert code == 130 and "interrupted" in cli.stderr.read()
+    return code, proc.stderr.read(), elapsed
+
+
+def test_ctrl_c_while_serve_starts_vllm_exits_within_10_s():
+    model = make_tiny_model("qwen3", size="unit", seed=0)
+    code, err, elapsed = interrupt_during_startup(
+        [sys.executable, "-m", "megatron_rl.cli", "serve", f"model={model}", "inference.num_servers=1",
+         "inference.server.kv_cache_gib=0.25", "inference.server.max_model_len=256"])
+    assert code == 130 and "interrupted" in err, err
+    assert elapsed < 10, elapsed
+
+
+ASYNC_START = """
+import asyncio, sys
+from megatron_rl.inference.config import ServerConfig
+from megatron_rl.inference.launcher import LocalServers
+
+async def main():  # as a training run starts its fleet: a blocking start inside asyncio.run
+    LocalServers(ServerConfig(model_path=sys.argv[1], max_model_len=256, kv_cache_gib=0.25), 1).start()
+    await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+
+def test_one_ctrl_c_under_asyncio_run_stops_a_starting_server():
+    """asyncio.run's own SIGINT handler only cancels its task; one Ctrl-C must still end the start-up."""
+    model = make_tiny_model("qwen3", size="unit", seed=0)
+    code, err, elapsed = interrupt_during_startup([sys.executable, "-c", ASYNC_START, str(model)])
+    assert code != 0 and "KeyboardInterrupt" in err, err
     assert elapsed < 10, elapsed
