@@ -15,6 +15,7 @@ log = logging.getLogger("megatron_rl")
 
 # The few numbers a person watches, in console order.
 _CONSOLE = (
+    ("sft/loss", "sft_loss", "{:.4f}"),
     ("reward/mean", "reward", "{:.3f}"),
     ("env/correct", "correct", "{:.3f}"),
     ("eval/pass_rate", "eval_pass", "{:.3f}"),
