@@ -19,7 +19,7 @@ from megatron_rl.inference.control import ControlPlane
 from megatron_rl.inference.launcher import LocalServers, RayServers
 from megatron_rl.inference.metrics import fleet_metrics
 from megatron_rl.inference.protocol import completion_payload, parse_choice
-from megatron_rl.inference.replica import KEEPALIVE_S, Replica
+from megatron_rl.inference.replica import KEEPALIVE_S, Replica, ReplicaError
 from megatron_rl.inference.router import NoReplicaError, Router
 from megatron_rl.inference.types import GenerationRequest, GenerationResult
 from megatron_rl.runtime.config import PlacementConfig
@@ -100,20 +100,24 @@ class InferenceFleet:
         await self.close()
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
-        """Sample one response; retried on another replica if the first one fails."""
+        """Sample one response; retried on another replica if the first one fails. A failure that Ray explains by
+        a lost node (no replica left, or the routing-capture calls to the replica that served it) names the node."""
+        try:
+            return await self._generate(request)
+        except (NoReplicaError, ReplicaError) as err:
+            lost = self.node_loss(err)
+            if lost is None:
+                raise
+            raise lost from err
+
+    async def _generate(self, request: GenerationRequest) -> GenerationResult:
         version = self.weight_version
         salt = request.cache_salt or (f"weights-{version}" if version is not None else None)
         payload = completion_payload(request, self.model, salt)
         if request.return_routed_experts:
             await self._capture_routes()
         async with self._slots:
-            try:
-                body, replica, attempts, latency = await self.router.send(payload, request.session_id)
-            except NoReplicaError as err:
-                lost = self.node_loss(err)
-                if lost is None:
-                    raise
-                raise lost from err
+            body, replica, attempts, latency = await self.router.send(payload, request.session_id)
         token_ids, logprobs, reason, experts = parse_choice(body)
         result = GenerationResult(token_ids, logprobs, reason, replica.url, version, routed_experts=experts,
                                   attempts=attempts, latency_s=latency)
