@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import aiohttp
 
@@ -102,13 +103,8 @@ class InferenceFleet:
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         """Sample one response; retried on another replica if the first one fails. A failure that Ray explains by
         a lost node (no replica left, or the routing-capture calls to the replica that served it) names the node."""
-        try:
+        async with self._naming_lost_nodes():
             return await self._generate(request)
-        except (NoReplicaError, ReplicaError) as err:
-            lost = self.node_loss(err)
-            if lost is None:
-                raise
-            raise lost from err
 
     async def _generate(self, request: GenerationRequest) -> GenerationResult:
         version = self.weight_version
@@ -124,6 +120,17 @@ class InferenceFleet:
         if request.return_routed_experts and experts is None:
             await self._attach_captured_routes(replica, body["id"], result)
         return result
+
+    @contextlib.asynccontextmanager
+    async def _naming_lost_nodes(self):
+        """A replica call's failure that Ray explains by a lost node is raised as that node's loss."""
+        try:
+            yield
+        except (NoReplicaError, ReplicaError) as err:
+            lost = self.node_loss(err)
+            if lost is None:
+                raise
+            raise lost from err
 
     def node_loss(self, err: Exception) -> NodeLostError | None:
         """``err`` restated as the loss of the nodes behind it, when Ray counts them dead or they do not answer."""
@@ -157,7 +164,8 @@ class InferenceFleet:
 
     async def set_weight_version(self, version: str) -> None:
         """Tag every replica with ``version`` and salt later requests' prefix cache with it."""
-        await self.control.set_weight_version(version)
+        async with self._naming_lost_nodes():
+            await self.control.set_weight_version(version)
         self.weight_version = version
 
     async def metrics(self) -> dict[str, float]:
