@@ -42,8 +42,32 @@ class CudaIpcConfig:
     type: Literal["cuda_ipc"] = "cuda_ipc"
 
 
-TransportConfig = BroadcastConfig | SharedMemoryConfig | CudaIpcConfig
-_TRANSPORTS = {"broadcast": BroadcastConfig, "shared_memory": SharedMemoryConfig, "cuda_ipc": CudaIpcConfig}
+@dataclass
+class TensorstoreDeltaConfig:
+    """Fleets that share only a filesystem: each version written with tensorstore as chunked, compressed
+    XOR deltas against the previous one (unchanged chunks not written); replicas fetch before the pause."""
+
+    type: Literal["tensorstore_delta"] = "tensorstore_delta"
+    root: str = ""
+    """Folder that every trainer and inference node mounts (versions live under it, per plan and rank)."""
+    chunk_kb: int = 1024
+    """Chunk size in KiB: the unit that is skipped when unchanged, and read by receivers."""
+    full_every: int = 16
+    """A sender writes a full version (no delta) at least this often; a replica without the previous version
+    rebuilds from the last full one, and older versions are deleted."""
+
+    def __post_init__(self):
+        if not self.root:
+            raise ValueError("weight_transfer.transport.root: set a folder every trainer and inference node mounts")
+        if self.chunk_kb <= 0 or self.chunk_kb % 8:
+            raise ValueError(f"weight_transfer.transport.chunk_kb={self.chunk_kb}: must be a positive multiple of 8")
+        if self.full_every < 1:
+            raise ValueError(f"weight_transfer.transport.full_every={self.full_every}: must be >= 1")
+
+
+TransportConfig = BroadcastConfig | SharedMemoryConfig | CudaIpcConfig | TensorstoreDeltaConfig
+_TRANSPORTS = {"broadcast": BroadcastConfig, "shared_memory": SharedMemoryConfig, "cuda_ipc": CudaIpcConfig,
+               "tensorstore_delta": TensorstoreDeltaConfig}
 
 
 @dataclass
@@ -52,13 +76,19 @@ class TransportSpec:
     transport's options (Hydra cannot hold a union of configs); resolved to the typed config of ``type``."""
 
     type: str = "broadcast"
-    """broadcast, shared_memory or cuda_ipc."""
+    """broadcast, shared_memory, cuda_ipc or tensorstore_delta."""
     master_addr: str = "auto"
     """broadcast: where inference workers reach the senders' stores: auto (each sender's node address) or one address."""
     backend: str = "auto"
     """broadcast: auto (nccl for CUDA buffers, else gloo), gloo or nccl."""
     dir: str = "/dev/shm"
     """shared_memory: RAM-backed folder for bucket files."""
+    root: str = ""
+    """tensorstore_delta: folder every trainer and inference node mounts."""
+    chunk_kb: int = 1024
+    """tensorstore_delta: chunk size in KiB (unchanged chunks are not written)."""
+    full_every: int = 16
+    """tensorstore_delta: a full version at least this often (older ones are deleted)."""
 
 
 def transport_config(raw: dict | TransportSpec | TransportConfig) -> TransportConfig:
@@ -84,7 +114,7 @@ class WeightTransferConfig:
     """How trainer weights reach the inference fleet after each update."""
 
     transport: TransportSpec = field(default_factory=TransportSpec)
-    """Transport strategy, chosen by its ``type``: broadcast, shared_memory or cuda_ipc."""
+    """Transport strategy, chosen by its ``type``: broadcast, shared_memory, cuda_ipc or tensorstore_delta."""
     bucket_size_mb: int = 512
     """Size of one flat bucket in MiB; a larger tensor travels alone in its own bucket."""
     pause_mode: str = "keep"

@@ -8,11 +8,13 @@ from weight_transfer.transports.base import ReceiverTransport, SenderTransport, 
 from weight_transfer.transports.broadcast import BroadcastReceiver, BroadcastSender
 from weight_transfer.transports.cuda_ipc import CudaIpcReceiver, CudaIpcSender
 from weight_transfer.transports.shared_memory import SharedMemoryReceiver, SharedMemorySender
+from weight_transfer.transports.tensorstore_delta import TensorstoreDeltaReceiver, TensorstoreDeltaSender
 
 TRANSPORTS: dict[str, tuple[type[SenderTransport], type[ReceiverTransport]]] = {
     "broadcast": (BroadcastSender, BroadcastReceiver),
     "shared_memory": (SharedMemorySender, SharedMemoryReceiver),
     "cuda_ipc": (CudaIpcSender, CudaIpcReceiver),
+    "tensorstore_delta": (TensorstoreDeltaSender, TensorstoreDeltaReceiver),
 }
 
 
