@@ -20,6 +20,21 @@ class _Parser(argparse.ArgumentParser):
         return super().format_help()
 
 
+class _Intermixed(_Parser):
+    """A parser whose ``key=value`` words may come before and after its flags (``submit recipe=X --nodes 2 k=v``)."""
+
+    _inside = False
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self._inside:  # parse_known_intermixed_args calls back in here
+            return super().parse_known_args(args, namespace)
+        self._inside = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._inside = False
+
+
 def _train_epilog() -> str:
     from megatron_rl.config.describe import train_epilog
 
@@ -62,7 +77,48 @@ def _parser() -> argparse.ArgumentParser:
     rows.add_argument("--token-env", help="environment variable holding the server's token (the rows carry only this name)")
     rows.add_argument("--max-prompt-length", type=int, default=512, help="drop rows whose rendered prompt is longer")
     rows.add_argument("--format", choices=("parquet", "jsonl"), default="parquet")
+    _slurm_parser(sub)
     return p
+
+
+def _slurm_parser(sub) -> None:
+    slurm = sub.add_parser("slurm", help="submit a run to Slurm (Ray head and workers over srun, then the driver)")
+    cmds = slurm.add_subparsers(dest="slurm_command", required=True, metavar="SLURM_COMMAND", parser_class=_Intermixed)
+    s = cmds.add_parser("submit", help="write the sbatch script (slurm/ray.sbatch), check the placement fits, submit it")
+    s.add_argument("overrides", nargs="*", help=_OVERRIDES_HELP)
+    s.add_argument("--nodes", type=int, required=True, help="nodes to allocate (the Ray head runs on the first)")
+    s.add_argument("--gpus-per-node", type=int, required=True, help="GPUs per node (0 for CPU nodes)")
+    s.add_argument("--time", required=True, help="time limit (MINUTES, HH:MM:SS or DAYS-HH:MM:SS)")
+    s.add_argument("--partition", default="")
+    s.add_argument("--account", default="")
+    s.add_argument("--container-image", default="", help="pyxis/enroot image every task runs in")
+    s.add_argument("--container-mounts", default="", help="pyxis mounts (SRC:DST,...): the run folder and this tree")
+    s.add_argument("--gpu-kind", default="H100", help="GPU kind for the placement and memory check (H100, H200, ...)")
+    s.add_argument("--env", action="append", default=[], help="NAME=VALUE exported on every node (repeatable)")
+    s.add_argument("--node-setup", default="", help="bash file sourced on every node before Ray starts")
+    s.add_argument("--ray-wait-s", type=int, default=600, help="fail the job if a node has not joined Ray by then")
+    s.add_argument("--sbatch", action="append", default=[], dest="sbatch_args",
+                   help="one more #SBATCH option, e.g. --sbatch=--qos=high (repeatable)")
+    s.add_argument("--dry-run", action="store_true", help="print the plan and the script; submit nothing")
+    w = cmds.add_parser("wait-nodes", help="(run by the sbatch script) wait until every node joined Ray")
+    w.add_argument("--address", required=True, help="the Ray head's address")
+    w.add_argument("--nodes", nargs="+", required=True, help="the job's node names, head first")
+    w.add_argument("--gpus-per-node", type=int, default=0)
+    w.add_argument("--timeout", type=float, required=True, help="seconds before failing, naming the missing nodes")
+
+
+def _slurm(args) -> None:
+    if args.slurm_command == "wait-nodes":
+        from megatron_rl.launch.ray_wait import wait_for_nodes
+
+        wait_for_nodes(args.address, args.nodes, args.gpus_per_node, args.timeout)
+        return
+    from megatron_rl.launch.slurm import SubmitRequest, submit
+
+    req = SubmitRequest(args.overrides, args.nodes, args.gpus_per_node, args.time, args.partition, args.account,
+                        args.container_image, args.container_mounts, args.gpu_kind, args.env, args.node_setup,
+                        args.ray_wait_s, args.sbatch_args)
+    submit(req, args.dry_run)
 
 
 def _write_rows(args) -> None:
@@ -136,7 +192,7 @@ def _train(args) -> None:
 
 
 COMMANDS = {"make-tiny-model": _make_tiny_model, "train": _train, "config": _config, "serve-envs": _serve_envs,
-            "write-rows": _write_rows, "plan": _plan, "serve": _serve}
+            "write-rows": _write_rows, "plan": _plan, "serve": _serve, "slurm": _slurm}
 
 
 def main(argv: list[str] | None = None) -> int:
