@@ -214,3 +214,46 @@ class MegatronExport:
             kept[name] = tensor.flatten(0, 1) if tensor.dim() == 3 else tensor.clone()  # the models' HF weights are 2-D
             yield name, tensor
         save_file(kept, str(self.out_dir / f"exported-v{version}.safetensors"))
+
+
+class SpoilFirstDelta:
+    """Wraps a tensorstore_delta sender: after the first delta version this process writes (manifest
+    included), one written chunk of it is deleted (``missing``) or has a byte flipped (``corrupted``), as a
+    shared filesystem that lost or damaged a file would; later versions, also after a reconnect, are clean."""
+
+    spoiled = False  # per sender process: the process outlives reconnects, the wrapper does not
+
+    def __init__(self, inner, fault: str):
+        self.inner, self.fault = inner, fault
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def finish(self, version):
+        import json
+
+        from weight_transfer.transports import tensorstore_delta as tsd
+
+        self.inner.finish(version)
+        manifest = json.loads(tsd.manifest_path(self.inner.session, self.inner.rank, version).read_text())
+        if SpoilFirstDelta.spoiled or manifest["full"]:
+            return
+        index, entry = next((i, e) for i, e in manifest["buckets"].items() if e["chunks"])
+        path = tsd.chunk_file(tsd.version_dir(self.inner.session, self.inner.rank, version) / f"b{index}", entry["chunks"][0])
+        if self.fault == "missing":
+            path.unlink()
+        else:
+            raw = bytearray(path.read_bytes())
+            raw[len(raw) // 2] ^= 0x5A
+            path.write_bytes(bytes(raw))
+        SpoilFirstDelta.spoiled = True
+
+
+def lose_a_chunk(transport):
+    """``wrap`` for LocalSenders: the first delta loses one chunk file."""
+    return SpoilFirstDelta(transport, "missing")
+
+
+def corrupt_a_chunk(transport):
+    """``wrap`` for LocalSenders: the first delta has one chunk file damaged."""
+    return SpoilFirstDelta(transport, "corrupted")
