@@ -65,9 +65,20 @@ class TensorstoreDeltaConfig:
             raise ValueError(f"weight_transfer.transport.full_every={self.full_every}: must be >= 1")
 
 
-TransportConfig = BroadcastConfig | SharedMemoryConfig | CudaIpcConfig | TensorstoreDeltaConfig
+@dataclass
+class NixlConfig:
+    """RDMA pull through NIXL (UCX): each sender rank registers its buckets once per plan; every inference
+    worker reads the buckets it needs from the rank that owns them (GPU memory on GPU machines, DRAM on CPU)."""
+
+    type: Literal["nixl"] = "nixl"
+    master_addr: str = "auto"
+    """Where the inference workers reach the sender ranks' rendezvous stores (metadata, descriptors): auto
+    (each sender's own node address) or one address for every sender."""
+
+
+TransportConfig = BroadcastConfig | SharedMemoryConfig | CudaIpcConfig | TensorstoreDeltaConfig | NixlConfig
 _TRANSPORTS = {"broadcast": BroadcastConfig, "shared_memory": SharedMemoryConfig, "cuda_ipc": CudaIpcConfig,
-               "tensorstore_delta": TensorstoreDeltaConfig}
+               "tensorstore_delta": TensorstoreDeltaConfig, "nixl": NixlConfig}
 
 
 @dataclass
@@ -76,9 +87,9 @@ class TransportSpec:
     transport's options (Hydra cannot hold a union of configs); resolved to the typed config of ``type``."""
 
     type: str = "broadcast"
-    """broadcast, shared_memory, cuda_ipc or tensorstore_delta."""
+    """broadcast, shared_memory, cuda_ipc, tensorstore_delta or nixl."""
     master_addr: str = "auto"
-    """broadcast: where inference workers reach the senders' stores: auto (each sender's node address) or one address."""
+    """broadcast, nixl: where inference workers reach the senders' stores: auto (each sender's node address) or one address."""
     backend: str = "auto"
     """broadcast: auto (nccl for CUDA buffers, else gloo), gloo or nccl."""
     dir: str = "/dev/shm"
@@ -114,7 +125,7 @@ class WeightTransferConfig:
     """How trainer weights reach the inference fleet after each update."""
 
     transport: TransportSpec = field(default_factory=TransportSpec)
-    """Transport strategy, chosen by its ``type``: broadcast, shared_memory, cuda_ipc or tensorstore_delta."""
+    """Transport strategy, chosen by its ``type``: broadcast, shared_memory, cuda_ipc, tensorstore_delta or nixl."""
     bucket_size_mb: int = 512
     """Size of one flat bucket in MiB; a larger tensor travels alone in its own bucket."""
     pause_mode: str = "keep"

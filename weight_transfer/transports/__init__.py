@@ -7,6 +7,7 @@ import torch
 from weight_transfer.transports.base import ReceiverTransport, SenderTransport, TransportError
 from weight_transfer.transports.broadcast import BroadcastReceiver, BroadcastSender
 from weight_transfer.transports.cuda_ipc import CudaIpcReceiver, CudaIpcSender
+from weight_transfer.transports.nixl import NixlReceiver, NixlSender
 from weight_transfer.transports.shared_memory import SharedMemoryReceiver, SharedMemorySender
 from weight_transfer.transports.tensorstore_delta import TensorstoreDeltaReceiver, TensorstoreDeltaSender
 
@@ -15,6 +16,7 @@ TRANSPORTS: dict[str, tuple[type[SenderTransport], type[ReceiverTransport]]] = {
     "shared_memory": (SharedMemorySender, SharedMemoryReceiver),
     "cuda_ipc": (CudaIpcSender, CudaIpcReceiver),
     "tensorstore_delta": (TensorstoreDeltaSender, TensorstoreDeltaReceiver),
+    "nixl": (NixlSender, NixlReceiver),
 }
 
 
