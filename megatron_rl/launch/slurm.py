@@ -52,6 +52,8 @@ class SubmitRequest:
         if not _TIME.match(self.time):
             raise ValueError(f"--time: {self.time!r} is not a Slurm time limit; write MINUTES, HH:MM:SS or "
                              "DAYS-HH:MM:SS (e.g. --time 4:00:00)")
+        if time_limit_s(self.time) < 60:
+            raise ValueError(f"--time: {self.time!r} is under a minute; give the run a time limit (e.g. --time 4:00:00)")
         if self.ray_wait_s < 1:
             raise ValueError(f"--ray-wait-s: {self.ray_wait_s} must be >= 1 second")
         for item in self.env:
