@@ -63,6 +63,12 @@ def _parser() -> argparse.ArgumentParser:
                        "inference.num_servers=0 inference.external_server_urls=[URL,...] to front running servers)")
     fleet.add_argument("--host", default="127.0.0.1", help="address the router listens on")
     fleet.add_argument("--port", type=int, default=8000, help="port the router listens on")
+    tk = sub.add_parser("serve-training", help="serve the Tinker training API (the official tinker SDK) over the trainer and fleet")
+    tk.add_argument("overrides", nargs="*", help="model=DIR and trainer.*, inference.*, weight_transfer.*, algorithm.* keys")
+    tk.add_argument("--host", default="127.0.0.1")
+    tk.add_argument("--port", type=int, default=8100)
+    tk.add_argument("--lora-as-full-finetune", action="store_true",
+                    help="accept LoRA requests (the SDK always sends a rank) and train all weights; refused otherwise")
     serve = sub.add_parser("serve-envs", help="serve a bundle's environments over HTTP/WebSocket (one session per episode)")
     serve.add_argument("bundle", help="module, .py file or folder registering envs (and TASKS); 'builtin' for the built-ins")
     serve.add_argument("--host", default="127.0.0.1")
@@ -152,6 +158,12 @@ def _serve(args) -> None:
     serve(cfg, args.host, args.port)
 
 
+def _serve_training(args) -> None:
+    from megatron_rl.tinker.app import run
+
+    run(args.overrides, args.host, args.port, args.lora_as_full_finetune)
+
+
 def _make_tiny_model(args) -> None:
     from megatron_rl.tiny import make_tiny_model
 
@@ -192,7 +204,8 @@ def _train(args) -> None:
 
 
 COMMANDS = {"make-tiny-model": _make_tiny_model, "train": _train, "config": _config, "serve-envs": _serve_envs,
-            "write-rows": _write_rows, "plan": _plan, "serve": _serve, "slurm": _slurm}
+            "write-rows": _write_rows, "plan": _plan, "serve": _serve, "slurm": _slurm,
+            "serve-training": _serve_training}
 
 
 def main(argv: list[str] | None = None) -> int:
