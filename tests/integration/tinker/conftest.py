@@ -1,0 +1,69 @@
+"""One ``megatron-rl serve-training`` (tiny Qwen3, one trainer rank, one vLLM CPU server) shared by the
+Tinker SDK tests of this folder; ``restart()`` stops it and starts it again on the same state folder."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from megatron_rl.inference.server_process import free_port
+from megatron_rl.tiny import make_tiny_model
+
+os.environ.setdefault("TINKER_API_KEY", "tml-local-test")  # the SDK insists on a key; this service checks none
+
+
+class Service:
+    def __init__(self, model: Path, out: Path):
+        self.model, self.out, self.proc, self.url = model, out, None, None
+
+    def start(self) -> None:
+        port = free_port()
+        self.log = open(self.out / f"serve-{port}.log", "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "megatron_rl.cli", "serve-training", f"model={self.model}",
+             f"run.output_dir={self.out}", "run.name=tinker", "--port", str(port), "--lora-as-full-finetune"],
+            stdout=self.log, stderr=subprocess.STDOUT, text=True)
+        self.url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, (self.out / f"serve-{port}.log").read_text()[-4000:]
+            try:
+                urllib.request.urlopen(self.url + "/api/v1/healthz", timeout=2)
+                return
+            except OSError:
+                time.sleep(2)
+        raise TimeoutError(f"serve-training did not answer within 400 s; log: {self.log.name}")
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            assert self.proc.wait(timeout=60) == 0, Path(self.log.name).read_text()[-4000:]
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.log.close()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+@pytest.fixture(scope="package")
+def service(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tinker")
+    s = Service(make_tiny_model("qwen3", root / "model", size="small", seed=0), root)
+    s.start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="package")
+def sdk(service):
+    import tinker
+
+    return tinker.ServiceClient(base_url=service.url)
