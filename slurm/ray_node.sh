@@ -59,7 +59,11 @@ args=(--block --disable-usage-stats --temp-dir="$ray_tmp" --num-gpus="${MRL_GPUS
 if [[ -n "${MRL_RAY_CPUS:-}" ]]; then args+=(--num-cpus="$MRL_RAY_CPUS"); fi
 if [[ -n "${MRL_RAY_OBJECT_STORE_BYTES:-}" ]]; then args+=(--object-store-memory="$MRL_RAY_OBJECT_STORE_BYTES"); fi
 ray=${MRL_RAY:-ray}
+# Ray 2.60 drains a node for 30 s on SIGTERM before stopping it (for Ray Serve); a job that is stopping has
+# nothing to drain, and a drain that outlasts Slurm's KillWait ends in SIGKILL with the temp dir left behind.
+export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=${RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S:-0}
 
+rm -f "$ray_tmp/ray_current_cluster"  # a stale address of an earlier job with this id must not be published
 case "$role" in
   head)
     echo "ray_node.sh: head on $node (slurm_node_$index), port ${MRL_RAY_PORT:-6379}, temp dir $ray_tmp"

@@ -50,8 +50,7 @@ def wait_for_nodes(address: str, names: list[str], gpus_per_node: int, timeout_s
                 return
             if time.monotonic() >= deadline:
                 raise NodesMissing(f"after {timeout_s:g} s (MRL_RAY_WAIT_S) {len(problems)} of {len(names)} node(s) "
-                                   f"missing from the Ray cluster at {address}: {'; '.join(problems)}. See that "
-                                   f"node's ray-worker-<node>.log in the job's log folder")
+                                   f"missing from the Ray cluster at {address}: {'; '.join(problems)}")
             time.sleep(poll_s)
     finally:
         ray.shutdown()

@@ -14,6 +14,7 @@ namespaces (hosts.py kills whatever is left in them).
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -51,11 +52,12 @@ def ensure_packages() -> None:
         raise SlurmUnavailable(f"apt-get install {' '.join(missing)} failed:\n{out.stdout[-2000:]}{out.stderr[-2000:]}")
 
 
-def _config(root: Path, addr: dict[str, str], cpus: int) -> str:
+def _config(root: Path, addr: dict[str, str], cpus: int, first_job: int) -> str:
     nodes = "\n".join(f"NodeName={n} NodeAddr={addr[n]} CPUs={cpus} Boards=1 SocketsPerBoard=1 CoresPerSocket={cpus} ThreadsPerCore=1 State=UNKNOWN" for n in NODES)
     return f"""\
 ClusterName=mrltest
 MailProg=/bin/true
+FirstJobId={first_job}
 SlurmctldHost=ctl({addr['ctl']})
 AuthType=auth/munge
 CredType=cred/munge
@@ -122,7 +124,8 @@ class SlurmCluster:
         key = munge / "munge.key"
         key.write_bytes(os.urandom(128))
         os.chmod(key, 0o400)
-        self.conf.write_text(_config(self.root, self.hosts.addr, self.cpus))
+        # job ids unlike an earlier cluster's, whose node-local files (/tmp/ray_<job>_<node>) may still lie about
+        self.conf.write_text(_config(self.root, self.hosts.addr, self.cpus, 1000 + secrets.randbelow(10 ** 6)))
         self._daemon("ctl", ["munged", "-F", "--force", f"--socket={munge}/munge.socket", f"--key-file={key}",
                              f"--pid-file={munge}/munged.pid", f"--seed-file={munge}/seed",
                              f"--log-file={self.root}/log/munged.log"], "munged")

@@ -130,6 +130,7 @@ def test_train_on_two_nodes_then_scancel_then_resume(cluster, tmp_path):
     assert cluster.hosts.addr["a"] in head and cluster.hosts.addr["b"] in worker, (head[-2000:], worker[-2000:])
     assert re.search(r"server\(s\) up on their nodes: \['http://" + re.escape(cluster.hosts.addr["b"]), log), log[-3000:]
     _no_process_left(cluster)
+    assert not list(Path("/tmp").glob(f"ray_{job}_*")), "a Ray node's temp dir was left behind"
 
     # resubmitted with run.resume=latest, it continues from step 2's checkpoint; scancel mid-run stops everything
     job2 = _submit(cluster, tmp_path, "schedule.total_steps=40", "run.resume=latest")
