@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+from weight_transfer.buckets import pack
 from weight_transfer.config import WeightTransferConfig
 from weight_transfer.layout import TrainerLayout
 from weight_transfer.plan import TensorSpec, TransferPlan
@@ -49,7 +50,6 @@ def _receive(plan, session, version):
 
 
 def _expected(plan, weights):
-    from weight_transfer.buckets import pack
     return {b.index: pack(b, weights, torch.empty(b.nbytes, dtype=torch.uint8)) for b in plan.buckets}
 
 
@@ -157,3 +157,25 @@ def test_receiver_waits_for_its_own_sessions_manifest(tmp_path):
 def test_config_names_the_missing_root():
     with pytest.raises(ValueError, match="weight_transfer.transport.root"):
         WeightTransferConfig(transport={"type": "tensorstore_delta"})
+
+
+def test_a_sender_that_dies_mid_write_publishes_nothing_and_its_successor_writes_whole(tmp_path):
+    """Half of version 2's buckets written, no finish (the process died): receivers of version 2 time out
+    and keep version 1; a new sender process (no state) writes version 2 whole and it arrives exact."""
+    plan, session, weights = _setup(tmp_path)
+    _send(plan, session, weights, 1)
+    _receive(plan, session, 1)
+    changed = {n: t * 3 for n, t in weights.items()}
+    sender = make_sender(session, 0, CPU)
+    for bucket in plan.buckets[:len(plan.buckets) // 2]:
+        sender.send(2, bucket, pack(bucket, changed, sender.buffer(bucket, CPU)))
+    assert not tsd.manifest_path(session, 0, 2).exists()
+    with pytest.raises(TransportError, match="not published"):
+        _receive(plan, {**session, "timeout_s": 0.3}, 2)
+    assert {v for v, _ in tsd._HELD.values()} == {1}
+    tsd._STATES.clear()  # the successor process
+    retry = {**session, "id": "successor"}
+    _send(plan, retry, changed, 2)
+    assert _manifest(retry, 2)["full"]
+    got, _ = _receive(plan, retry, 2)
+    assert all(torch.equal(got[i], flat) for i, flat in _expected(plan, changed).items())
