@@ -3,7 +3,7 @@
 #
 #   ray_node.sh head JOBDIR              Ray head on this node; writes its address to JOBDIR/head_address
 #   ray_node.sh worker JOBDIR ADDRESS    Ray worker on this node, joining the head at ADDRESS
-#   ray_node.sh driver JOBDIR CMD...     CMD on this node; SIGTERM reaches it as SIGINT (megatron-rl's clean stop)
+#   ray_node.sh driver JOBDIR CMD...     CMD on this node (after the same setup), signals going straight to it
 #
 # Each Ray node carries the resource slurm_node_<i> (i = the node's position in the job's node list, 0 = head)
 # so that recipes can place roles on nodes (+placement.server_resources.slurm_node_1=1). SIGTERM or SIGINT
@@ -42,12 +42,8 @@ stop() {  # the signal that stops this task: pass it on to what this task starte
   exit 143
 }
 
-if [[ "$role" == driver ]]; then
-  "$@" &
-  child=$!
-  trap 'stop INT' TERM INT
-  wait "$child"
-  exit
+if [[ "$role" == driver ]]; then  # exec: a background child of a script would ignore SIGINT, and Python with it
+  exec "$@"
 fi
 
 ray_tmp="${MRL_RAY_TMPDIR:-/tmp}/ray_${SLURM_JOB_ID}_${index}"  # node-local, short (socket paths < 108 bytes)
