@@ -134,6 +134,22 @@ def build_app(service: TrainingService) -> FastAPI:
                                               r.get("model_path"))
         return {"type": "create_sampling_session", "sampling_session_id": sid}
 
+    @app.get("/api/v1/samplers/{sampler_id}")
+    async def sampler(sampler_id: str):
+        if sampler_id not in service.sessions:
+            raise Refused(f"sampling_session_id: unknown session {sampler_id!r}")
+        return {"sampler_id": sampler_id, "base_model": service.base_model}
+
+    @app.post("/api/v1/weights_info")
+    async def weights_info(request: Request):
+        r = await body(request)
+        service.known_path(r.get("tinker_path", ""))
+        return {"base_model": service.base_model, "is_lora": False}
+
+    @app.post("/api/v1/sessions/{session_id}/finish")
+    async def finish(session_id: str):
+        return {}
+
     @app.post("/api/v1/asample")
     async def asample(request: Request):
         r = await body(request)

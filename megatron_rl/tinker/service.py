@@ -183,6 +183,12 @@ class TrainingService:
             raise Refused(f"path: {path!r} is a {segment} path; expected {kind}")
         return self.state_dir / "checkpoints" / model / segment / name
 
+    def known_path(self, path: str) -> None:
+        """Raise unless ``path`` names state or sampler weights this service saved."""
+        kind = "sampler_weights" if "/sampler_weights/" in path else "weights"
+        if not self._dir(path, kind).is_dir():
+            raise Refused(f"tinker_path: {path!r} names nothing this service saved")
+
     def save_state(self, model_id: str, name: str | None) -> str:
         self.check_model(model_id)
         name = name or f"state-{uuid.uuid4().hex[:8]}"
