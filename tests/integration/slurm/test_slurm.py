@@ -158,3 +158,23 @@ def test_a_node_whose_ray_worker_never_starts_fails_the_job_naming_it(cluster, t
     assert took < 40 + 60, f"the job took {took:.0f} s to fail with a 40 s wait"
     assert not (run / "metrics.jsonl").exists()
     _no_process_left(cluster)
+
+
+def test_a_clean_stop_reaches_the_driver_as_sigint_and_leaves_nothing(cluster, tmp_path):
+    """``scancel -b -s TERM`` (what the time limit's warning does too): the batch shell's trap sends SIGINT to the
+    driver, waits for it, then stops the Ray nodes; a driver that ignored SIGINT would train on for the grace
+    period (MRL_STOP_GRACE_S, 60 s) and then be killed."""
+    run = tmp_path / "tiny_cpu"
+    job = _submit(cluster, tmp_path, "schedule.total_steps=200")
+    _wait_job(cluster, job, 600, until=lambda: len(_steps(run)) >= 1)
+    assert cluster.job_state(job) == "RUNNING", _batch_log(run, job)[-3000:]
+    stopped = time.monotonic()
+    cluster.login(["scancel", "-b", "-s", "TERM", job])
+    _wait_job(cluster, job, 120)
+    took = time.monotonic() - stopped
+    log = _batch_log(run, job)
+    assert "TERM received, stopping the driver" in log, log[-3000:]
+    assert took < 45, f"the clean stop took {took:.0f} s:\n{log[-3000:]}"
+    assert len(_steps(run)) < 150, "the driver trained on after SIGINT"
+    _no_process_left(cluster)
+    assert not list(Path("/tmp").glob(f"ray_{job}_*")), "a Ray node's temp dir was left behind"
