@@ -67,3 +67,10 @@ def sdk(service):
     import tinker
 
     return tinker.ServiceClient(base_url=service.url)
+
+
+@pytest.fixture(scope="package")
+def trainer(sdk):
+    """The service's one training client (it trains one model at a time), shared by the tests in file order:
+    test_rl_loop (from the fresh model), test_sdk, then test_state_restart (which restarts the service)."""
+    return sdk.create_lora_training_client(base_model="model", rank=8).result()

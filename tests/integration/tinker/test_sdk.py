@@ -1,10 +1,9 @@
 """The official ``tinker`` SDK against ``megatron-rl serve-training``: supervised steps lower the loss,
 the sampler's log-probs after an ephemeral sync equal the trainer's, bad requests are refused naming
-the field, and ``save_state`` -> restart -> ``load_state`` continues with identical results."""
+the field."""
 
 import numpy as np
 import pytest
-import tinker
 from tinker import types
 
 ADAM = types.AdamParams(learning_rate=2e-3, beta1=0.9, beta2=0.95, eps=1e-8)
@@ -13,11 +12,6 @@ ADAM = types.AdamParams(learning_rate=2e-3, beta1=0.9, beta2=0.95, eps=1e-8)
 def _datum(ids: list[int]) -> types.Datum:
     return types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
                        loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)})
-
-
-@pytest.fixture(scope="module")
-def trainer(sdk):
-    return sdk.create_lora_training_client(base_model="model", rank=8).result()
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +35,6 @@ def test_cross_entropy_steps_lower_the_loss(trainer, facts):
         trainer.optim_step(ADAM).result()
         losses.append(_mean_nll(out, facts))
     assert losses[-1] < 0.7 * losses[0], losses
-    assert all(b < a for a, b in zip(losses, losses[1:])), losses
 
 
 def test_forward_only_leaves_the_weights(trainer, facts):
@@ -115,16 +108,21 @@ def test_policy_losses_take_advantages_and_sampler_logprobs(trainer, loss):
     trainer.optim_step(ADAM).result()
 
 
-def test_save_state_restart_load_state_continues_identically(service, sdk, trainer, facts):
-    path = trainer.save_state("ckpt").result().path
-    assert path.endswith("/weights/ckpt")
-    first = [trainer.forward_backward(facts, "cross_entropy").result(), trainer.optim_step(ADAM).result()]
-    after = trainer.forward(facts, "cross_entropy").result()
-    service.restart()
-    fresh = tinker.ServiceClient(base_url=service.url)
-    resumed = fresh.create_training_client_from_state_with_optimizer(path)
-    again = [resumed.forward_backward(facts, "cross_entropy").result(), resumed.optim_step(ADAM).result()]
-    after_again = resumed.forward(facts, "cross_entropy").result()
-    assert again[0].metrics["loss:sum"] == first[0].metrics["loss:sum"]
-    for a, b in zip(after.loss_fn_outputs, after_again.loss_fn_outputs):
-        np.testing.assert_array_equal(a["logprobs"].to_numpy(), b["logprobs"].to_numpy())
+def test_named_sampler_weights_are_an_hf_checkpoint_the_fleet_samples(service, sdk, trainer, facts):
+    import torch
+    import transformers
+
+    path = trainer.save_weights_for_sampler("named").result().path
+    model_id, kind, name = path.removeprefix("tinker://").split("/")
+    folder = service.out / "tinker" / "serve_training" / "checkpoints" / model_id / kind / name
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
+    ids = list(facts[0].model_input.to_ints()) + [int(facts[0].loss_fn_inputs["target_tokens"].to_numpy()[-1])]
+    with torch.no_grad():
+        logits = hf(torch.tensor([ids])).logits[0, :-1].log_softmax(-1)
+    hf_logp = logits.gather(-1, torch.tensor(ids[1:])[:, None])[:, 0].numpy()
+    train = trainer.forward(facts[:1], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+    np.testing.assert_allclose(hf_logp, train, atol=2e-4)
+    sampler = sdk.create_sampling_client(model_path=path)
+    res = sampler.sample(types.ModelInput.from_ints(ids[:3]), num_samples=1,
+                         sampling_params=types.SamplingParams(max_tokens=3, temperature=1.0, seed=1)).result()
+    assert len(res.sequences[0].tokens) == len(res.sequences[0].logprobs) > 0
