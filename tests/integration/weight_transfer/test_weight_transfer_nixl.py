@@ -11,51 +11,18 @@ import pytest
 
 pytest.importorskip("nixl_cu12", reason="the rdma extra (nixl-cu12) is not installed")
 
-from megatron_rl.tiny import make_tiny_model  # noqa: E402
 from weight_transfer.config import WeightTransferConfig  # noqa: E402
 from weight_transfer.coordinator import WeightTransferCoordinator, WeightTransferError  # noqa: E402
 from weight_transfer.local_senders import LocalSenders  # noqa: E402
-from weight_transfer.replicas import LLMReplica  # noqa: E402
-from wt_helpers import (PerturbedWeights, checkpoint, close_llm, hf_logprobs, make_llm, max_diff,  # noqa: E402
-                        perturbed, plan_for, vllm_logprobs)
+from wt_helpers import PerturbedWeights, ReplicaFleet, max_diff  # noqa: E402
 
-TOLERANCE = 1e-3
 CONFIG = WeightTransferConfig(transport={"type": "nixl"}, bucket_size_mb=1, timeout_s=30, max_retries=0)
 pytestmark = pytest.mark.timeout(900)
 
 
-class Fleet:
-    def __init__(self, arch, tmp, engines):
-        self.model, self.tmp = make_tiny_model(arch, size="unit", seed=0), tmp
-        self.plan = plan_for(self.model, tp=2, bucket_bytes=256 << 10)
-        self.llms = [make_llm(self.model) for _ in range(engines)]
-        self.replicas = [LLMReplica(llm, f"r{i}") for i, llm in enumerate(self.llms)]
-        self.expected = {0: hf_logprobs(self.model, checkpoint(self.model), tmp)}
-
-    def on(self, version):
-        if version not in self.expected:
-            self.expected[version] = hf_logprobs(self.model, perturbed(self.model, version), self.tmp)
-        return self.expected[version]
-
-    def versions(self, candidates) -> dict[str, int]:
-        """Which candidate version each replica serves; fails on a replica matching none (mixed weights)."""
-        out = {}
-        for replica in self.replicas:
-            got = vllm_logprobs(replica.llm)
-            diffs = {v: max_diff(got, self.on(v)) for v in candidates}
-            matches = [v for v, d in diffs.items() if d < TOLERANCE]
-            assert len(matches) == 1, f"{replica.name} matches no single version (mixed weights?): {diffs}"
-            out[replica.name] = matches[0]
-        return out
-
-    def close(self):
-        for llm in self.llms:
-            close_llm(llm)
-
-
 @pytest.fixture(scope="module")
 def dense(tmp_path_factory):
-    fleet = Fleet("qwen3", tmp_path_factory.mktemp("nixl-dense"), engines=2)
+    fleet = ReplicaFleet("qwen3", tmp_path_factory.mktemp("nixl-dense"), engines=2)
     yield fleet
     fleet.close()
 
@@ -96,7 +63,7 @@ def test_a_trainer_rank_dying_mid_update_leaves_old_weights(dense, caplog):
 
 
 def test_moe_pull_matches_transformers(tmp_path):
-    fleet = Fleet("qwen3_moe", tmp_path, engines=1)
+    fleet = ReplicaFleet("qwen3_moe", tmp_path, engines=1)
     senders = LocalSenders(fleet.plan, PerturbedWeights(fleet.model))
     try:
         assert WeightTransferCoordinator(CONFIG, fleet.plan, fleet.replicas, senders).update(1)["weight_transfer/retries"] == 0

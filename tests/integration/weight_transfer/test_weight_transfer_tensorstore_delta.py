@@ -10,16 +10,12 @@ import logging
 
 import pytest
 
-from megatron_rl.tiny import make_tiny_model
 from weight_transfer.config import WeightTransferConfig
 from weight_transfer.coordinator import WeightTransferCoordinator
 from weight_transfer.local_senders import LocalSenders
-from weight_transfer.replicas import LLMReplica
 from weight_transfer.transports import tensorstore_delta as tsd
-from wt_helpers import (PerturbedWeights, checkpoint, close_llm, corrupt_a_chunk, hf_logprobs, lose_a_chunk, make_llm,
-                        max_diff, perturbed, plan_for, vllm_logprobs)
+from wt_helpers import PerturbedWeights, ReplicaFleet, corrupt_a_chunk, lose_a_chunk, max_diff, vllm_logprobs
 
-TOLERANCE = 1e-3
 pytestmark = pytest.mark.timeout(900)
 
 
@@ -28,39 +24,9 @@ def _config(root, max_retries=0):
                                 bucket_size_mb=1, timeout_s=30, max_retries=max_retries)
 
 
-class Fleet:
-    def __init__(self, arch, tmp, engines):
-        self.model, self.tmp = make_tiny_model(arch, size="unit", seed=0), tmp
-        self.plan = plan_for(self.model, tp=2, bucket_bytes=256 << 10)
-        self.llms = [make_llm(self.model) for _ in range(engines)]
-        self.replicas = [LLMReplica(llm, f"r{i}") for i, llm in enumerate(self.llms)]
-        self.expected = {0: hf_logprobs(self.model, checkpoint(self.model), tmp)}
-
-    def on(self, version):
-        """Expected log-probs of ``version`` (0: the checkpoint)."""
-        if version not in self.expected:
-            self.expected[version] = hf_logprobs(self.model, perturbed(self.model, version), self.tmp)
-        return self.expected[version]
-
-    def versions(self, candidates, logprobs=None) -> dict[str, int]:
-        """Which candidate version each replica serves; fails on a replica matching none (mixed weights)."""
-        logprobs = logprobs or [vllm_logprobs(llm) for llm in self.llms]
-        out = {}
-        for replica, got in zip(self.replicas, logprobs):
-            diffs = {v: max_diff(got, self.on(v)) for v in candidates}
-            matches = [v for v, d in diffs.items() if d < TOLERANCE]
-            assert len(matches) == 1, f"{replica.name} matches no single version (mixed weights?): {diffs}"
-            out[replica.name] = matches[0]
-        return out
-
-    def close(self):
-        for llm in self.llms:
-            close_llm(llm)
-
-
 @pytest.fixture(scope="module")
 def dense(tmp_path_factory):
-    fleet = Fleet("qwen3", tmp_path_factory.mktemp("tsd-dense"), engines=2)
+    fleet = ReplicaFleet("qwen3", tmp_path_factory.mktemp("tsd-dense"), engines=2)
     yield fleet
     fleet.close()
 
@@ -128,7 +94,7 @@ def test_a_lost_or_damaged_chunk_leaves_old_weights_then_the_retry_lands(dense, 
 
 
 def test_moe_delta_matches_transformers(tmp_path):
-    fleet = Fleet("qwen3_moe", tmp_path, engines=1)
+    fleet = ReplicaFleet("qwen3_moe", tmp_path, engines=1)
     senders = LocalSenders(fleet.plan, PerturbedWeights(fleet.model))
     coordinator = WeightTransferCoordinator(_config(tmp_path / "root"), fleet.plan, fleet.replicas, senders)
     try:

@@ -12,12 +12,15 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
+from megatron_rl.tiny import make_tiny_model
 from weight_transfer.layout import TrainerLayout
 from weight_transfer.plan import TransferPlan, specs_from_tensors
+from weight_transfer.replicas import LLMReplica
 
 TOKENS = [[5, 17, 300, 42, 7, 999, 1234, 64, 88, 2000, 3, 11, 512, 77, 1500, 9],
           [101, 202, 303, 404, 505, 606, 707, 808, 909, 1010, 1111, 1212]]
 RECEIVER = "weight_transfer.vllm_receiver.WeightReceiver"
+LOGPROB_TOLERANCE = 1e-3
 
 
 def checkpoint(model_dir: Path) -> dict[str, torch.Tensor]:
@@ -105,6 +108,39 @@ def hf_logprobs(model_dir: Path, tensors: dict[str, torch.Tensor], scratch: Path
 
 def max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return max((x - y).abs().max().item() for x, y in zip(a, b))
+
+
+class ReplicaFleet:
+    """Tiny ``arch`` model planned for TP=2 senders, ``engines`` vLLM replicas, and the log-probs each version
+    should give (0: the checkpoint, v: ``perturbed(v)``)."""
+
+    def __init__(self, arch, tmp, engines):
+        self.model, self.tmp = make_tiny_model(arch, size="unit", seed=0), tmp
+        self.plan = plan_for(self.model, tp=2, bucket_bytes=256 << 10)
+        self.llms = [make_llm(self.model) for _ in range(engines)]
+        self.replicas = [LLMReplica(llm, f"r{i}") for i, llm in enumerate(self.llms)]
+        self.expected = {0: hf_logprobs(self.model, checkpoint(self.model), tmp)}
+
+    def on(self, version):
+        """Expected log-probs of ``version`` (0: the checkpoint)."""
+        if version not in self.expected:
+            self.expected[version] = hf_logprobs(self.model, perturbed(self.model, version), self.tmp)
+        return self.expected[version]
+
+    def versions(self, candidates, logprobs=None) -> dict[str, int]:
+        """Which candidate version each replica serves; fails on a replica matching none (mixed weights)."""
+        logprobs = logprobs or [vllm_logprobs(llm) for llm in self.llms]
+        out = {}
+        for replica, got in zip(self.replicas, logprobs):
+            diffs = {v: max_diff(got, self.on(v)) for v in candidates}
+            matches = [v for v, d in diffs.items() if d < LOGPROB_TOLERANCE]
+            assert len(matches) == 1, f"{replica.name} matches no single version (mixed weights?): {diffs}"
+            out[replica.name] = matches[0]
+        return out
+
+    def close(self):
+        for llm in self.llms:
+            close_llm(llm)
 
 
 class FlipFirstSend:
