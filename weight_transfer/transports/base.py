@@ -9,15 +9,29 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
+from datetime import timedelta
 from typing import ClassVar
 
 import torch
+import torch.distributed as dist
 
 from weight_transfer.buckets import Bucket
 
 
 class TransportError(RuntimeError):
     """A transport operation failed or timed out (peer gone, rendezvous failed, bucket missing)."""
+
+
+def sender_store(transport: str, session: dict, sender: int, is_master: bool) -> dist.Store:
+    """The key-value store that sender rank ``sender`` hosts at its published address and port, scoped to the
+    session, for transports whose receivers look buckets up by key (cuda_ipc handles, nixl metadata)."""
+    timeout = timedelta(seconds=session["timeout_s"])
+    try:
+        store = dist.TCPStore(session["addrs"][str(sender)], session["ports"][str(sender)], None,
+                              is_master=is_master, timeout=timeout, wait_for_workers=False)
+    except RuntimeError as err:
+        raise TransportError(f"{transport}: store of sender {sender} unreachable: {err}") from err
+    return dist.PrefixStore(f"wt/{session['id']}", store)
 
 
 class SenderTransport(ABC):

@@ -25,26 +25,14 @@ from __future__ import annotations
 import base64
 import pickle
 from collections.abc import Iterator, Sequence
-from datetime import timedelta
 
 import torch
-import torch.distributed as dist
 from torch.multiprocessing.reductions import reduce_tensor
 
 from weight_transfer.buckets import Bucket
-from weight_transfer.transports.base import ReceiverTransport, SenderTransport, TransportError
+from weight_transfer.transports.base import ReceiverTransport, SenderTransport, TransportError, sender_store
 
 _DEVICE_ARG = 6  # position of the device index in reduce_tensor's rebuild arguments for CUDA tensors
-
-
-def _store(session: dict, sender: int, is_master: bool) -> dist.Store:
-    timeout = timedelta(seconds=session["timeout_s"])
-    try:
-        store = dist.TCPStore(session["addrs"][str(sender)], session["ports"][str(sender)], None,
-                              is_master=is_master, timeout=timeout, wait_for_workers=False)
-    except RuntimeError as err:
-        raise TransportError(f"cuda_ipc: store of sender {sender} unreachable: {err}") from err
-    return dist.PrefixStore(f"wt/{session['id']}", store)
 
 
 def _local_index(uuid: str) -> int:
@@ -58,7 +46,7 @@ class CudaIpcSender(SenderTransport):
     def __init__(self, session: dict, rank: int, device: torch.device):
         if device.type != "cuda":
             raise ValueError(f"weight_transfer.transport.type=cuda_ipc: buffers must be on CUDA, not {device}")
-        self.store = _store(session, rank, is_master=True)
+        self.store = sender_store("cuda_ipc", session, rank, is_master=True)
         self.uuid = str(torch.cuda.get_device_properties(device).uuid)
         self.buffers: dict[int, torch.Tensor] = {}
         self.events: dict[int, torch.cuda.Event] = {}
@@ -97,7 +85,7 @@ class CudaIpcReceiver(ReceiverTransport):
     reads_after_send = True  # the handles are set and the packing finished when the sender's send returns
 
     def __init__(self, session: dict, rank: int, device: torch.device):
-        self.stores = {int(s): _store(session, int(s), is_master=False) for s in session["ports"]}
+        self.stores = {int(s): sender_store("cuda_ipc", session, int(s), is_master=False) for s in session["ports"]}
         self.device = device
         self.mapped: dict[int, tuple[str, torch.Tensor, torch.cuda.Event]] = {}  # bucket -> (handle, buffer, event)
 

@@ -26,13 +26,11 @@ import pickle
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from datetime import timedelta
 
 import torch
-import torch.distributed as dist
 
 from weight_transfer.buckets import Bucket
-from weight_transfer.transports.base import ReceiverTransport, SenderTransport, TransportError
+from weight_transfer.transports.base import ReceiverTransport, SenderTransport, TransportError, sender_store
 
 _AGENTS: dict[str, object] = {}
 """role -> this process's NIXL agent for that role (sender, receiver), made on first use."""
@@ -72,16 +70,6 @@ def _registered(role: str, plan: str, bucket: Bucket, device: torch.device) -> t
     return flat
 
 
-def _store(session: dict, sender: int, is_master: bool) -> dist.Store:
-    timeout = timedelta(seconds=session["timeout_s"])
-    try:
-        store = dist.TCPStore(session["addrs"][str(sender)], session["ports"][str(sender)], None,
-                              is_master=is_master, timeout=timeout, wait_for_workers=False)
-    except RuntimeError as err:
-        raise TransportError(f"nixl: store of sender {sender} unreachable: {err}") from err
-    return dist.PrefixStore(f"wt/{session['id']}", store)
-
-
 class NixlSender(SenderTransport):
     """Agent metadata carries the registrations, so it is published once they exist: at the session's start
     when this process registered the plan's buffers before (every later version), else at the first
@@ -91,7 +79,7 @@ class NixlSender(SenderTransport):
     def __init__(self, session: dict, rank: int, device: torch.device):
         self.plan, self.rank = session["plan"], rank
         self.agent = _agent("sender")
-        self.store = _store(session, rank, is_master=True)
+        self.store = sender_store("nixl", session, rank, is_master=True)
         self.descs: dict[int, bytes] = {}
         self.generation, self.published = -1, None
         if any(k[0] == "sender" and k[1] == self.plan for k in _REGISTERED):
@@ -128,7 +116,7 @@ class NixlReceiver(ReceiverTransport):
     def __init__(self, session: dict, rank: int, device: torch.device):
         self.session, self.plan, self.device = session, session["plan"], device
         self.agent = _agent("receiver")
-        self.stores = {int(s): _store(session, int(s), is_master=False) for s in session["ports"]}
+        self.stores = {int(s): sender_store("nixl", session, int(s), is_master=False) for s in session["ports"]}
         self.remotes: dict[int, tuple[int, str]] = {}  # sender -> (metadata generation, remote agent name)
         self.handles: dict[int, tuple] = {}  # bucket -> (remote descriptor, transfer handle, remote prepped list, sender)
         self.local: dict[int, object] = {}
