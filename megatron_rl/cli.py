@@ -159,6 +159,11 @@ def _serve(args) -> None:
 
 
 def _serve_training(args) -> None:
+    try:
+        import tinker.proto  # noqa: F401  (the wire format the service decodes)
+    except ImportError as err:
+        raise ValueError("serve-training needs the tinker SDK's wire definitions: "
+                         "pip install -e '.[tinker]' (tinker==0.38.0)") from err
     from megatron_rl.tinker.app import run
 
     run(args.overrides, args.host, args.port, args.lora_as_full_finetune)

@@ -25,3 +25,9 @@ def test_config_error_exits_2_and_names_the_key(capsys):
 def test_config_prints_the_resolved_yaml(capsys):
     assert main(["config", "run.seed=5"]) == 0
     assert "seed: 5" in capsys.readouterr().out
+
+
+def test_serve_training_without_the_tinker_sdk_names_the_extra(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tinker.proto", None)  # as if the SDK were not installed
+    assert main(["serve-training", "model=/nonexistent"]) == 2
+    assert ".[tinker]" in capsys.readouterr().err
