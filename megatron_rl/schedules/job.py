@@ -35,7 +35,9 @@ SCHEDULES = {"sync": run_sync, "one_step_async": run_one_step_async, "fully_asyn
 WORKER_EXTENSION = "megatron_rl.inference.worker_extension.MegatronRLWorkerExtension"
 
 
-def _fleet_config(cfg: TrainConfig, model_path: str, root: Path):
+def fleet_config(cfg: TrainConfig, model_path: str, root: Path):
+    """The inference fleet's config for serving ``model_path`` under the run folder ``root``: the run's dtype
+    and seed, the weight-receiving worker extension, and room for the longest prompt."""
     run_dir = cfg.inference.server.run_dir or str(root / "inference")
     server = dataclasses.replace(
         cfg.inference.server, model_path=model_path, dtype=cfg.model.dtype, seed=cfg.run.seed, run_dir=run_dir,
@@ -74,7 +76,7 @@ async def _train(cfg: TrainConfig, folder: RunFolder, tracker: Tracker) -> LoopS
                          actor_options=reserved.options("trainer", world))
     log.info("trainer: %d rank(s) on nodes %s, rendezvous %s", world, policy.nodes, policy.init_method)
     try:
-        async with InferenceFleet(_fleet_config(cfg, model_path, folder.root), cfg.placement,
+        async with InferenceFleet(fleet_config(cfg, model_path, folder.root), cfg.placement,
                                   reserved.options("inference", cfg.inference.num_servers)) as fleet:
             plan = build_plan(Path(model_path), hf_config, cfg.trainer, world, cfg.weight_transfer.bucket_bytes)
             generator = Generator(fleet, tokenizer, cfg.generator, vocab_size=hf_config.vocab_size,

@@ -61,7 +61,7 @@ class TrainingService:
 
         from megatron_rl.inference.fleet import InferenceFleet
         from megatron_rl.runtime.plan import reserve
-        from megatron_rl.schedules.job import _fleet_config
+        from megatron_rl.schedules.job import fleet_config
         from megatron_rl.schedules.weight_sync import FleetWeightSync, build_plan
         from parallel.worker_group import WorkerGroup
 
@@ -78,7 +78,7 @@ class TrainingService:
             cfg.placement.trainer_resources, reserved.options("trainer", world))
         self._stack.callback(self.policy.shutdown)
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        fleet = InferenceFleet(_fleet_config(cfg, self.model_path, self.state_dir),
+        fleet = InferenceFleet(fleet_config(cfg, self.model_path, self.state_dir),
                                cfg.placement, reserved.options("inference", cfg.inference.num_servers))
         self.fleet = await self._stack.enter_async_context(fleet)
         plan = build_plan(Path(self.model_path), hf, cfg.trainer, world, cfg.weight_transfer.bucket_bytes)
