@@ -91,3 +91,15 @@ def lr_scheduler(optimizer, cfg: TrainerConfig) -> OptimizerParamScheduler:
         wd_incr_steps=1,
         wd_incr_style="constant",
     )
+
+
+class ConstantRate:
+    """A stand-in for the schedule during steps at a rate of their own: holds ``lr`` (times each group's
+    ``lr_mult``) and leaves the trainer's schedule, whose per-group ``max_lr`` would override it, untouched."""
+
+    def __init__(self, optimizer, lr: float):
+        self.optimizer, self.lr = optimizer, lr
+
+    def step(self, increment: int) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr * group.get("lr_mult", 1.0)

@@ -58,16 +58,21 @@ class MegatronPolicy:
         mode = "record" if record_routing else "replay" if self._replaying(batch) else "free"
         return compute_logprobs(self.model, batch, self.cfg.max_tokens_per_micro_batch, self.pgs, self.routing, mode)
 
-    def train_step(self, batch: TrainingBatch, algorithm: AlgorithmConfig | None = None) -> dict[str, float]:
+    def train_step(self, batch: TrainingBatch, algorithm: AlgorithmConfig | None = None,
+                   lr: float | None = None) -> dict[str, float]:
         """One optimizer step on the batch; metrics (meaningful on the last pipeline stage).
 
-        ``algorithm`` replaces the policy's own for this step (the SFT warm start's cross-entropy).
+        ``algorithm`` replaces the policy's own for this step (the SFT warm start's cross-entropy); ``lr`` runs
+        the step at that constant rate and leaves the trainer's schedule where it was (the warm start's own rate).
         """
+        from parallel.optim import ConstantRate
         from parallel.train_step import train_step
 
         algorithm = algorithm or self.algorithm
+        scheduler = self.scheduler if lr is None else ConstantRate(self.optimizer, lr)
+        scheduler.step(increment=0)  # this step's rate: the schedule resumes after steps at a rate of their own
         metrics = train_step(
-            self.model, self.optimizer, self.scheduler, batch, algorithm, self.cfg.max_tokens_per_micro_batch,
+            self.model, self.optimizer, scheduler, batch, algorithm, self.cfg.max_tokens_per_micro_batch,
             self.pgs, self.routing if self._replaying(batch, algorithm) else None,
         )
         self.steps += 1

@@ -99,13 +99,14 @@ def train_step(
     finally:
         if routing is not None:
             routing.off()
+    lr = float(optimizer.param_groups[0]["lr"])  # the rate this step runs at, before the schedule moves on
     ok, grad_norm, _ = optimizer.step()
     if not ok:
         raise RuntimeError("trainer: optimizer step skipped (non-finite gradients)")
     scheduler.step(increment=1)
     metrics = _reduce_metrics(per_mb, pgs)
     metrics["policy/grad_norm"] = float(grad_norm) if grad_norm is not None else 0.0
-    metrics["policy/lr"] = float(optimizer.param_groups[0]["lr"])
+    metrics["policy/lr"] = lr
     metrics["perf/tokens"] = float(batch.num_tokens)
     metrics["perf/micro_batches"] = float(len(mbs))
     return metrics

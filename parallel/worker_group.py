@@ -159,8 +159,9 @@ class WorkerGroup:
         """(log-probs, entropy, routed experts or None) for every row, ``[B, T]``."""
         return self._all("call", "compute_logprobs", batch, record_routing=record_routing)[0]
 
-    def train_step(self, batch: TrainingBatch, algorithm: AlgorithmConfig | None = None) -> dict[str, float]:
-        return self._all("call", "train_step", batch, algorithm)[-1]
+    def train_step(self, batch: TrainingBatch, algorithm: AlgorithmConfig | None = None,
+                   lr: float | None = None) -> dict[str, float]:
+        return self._all("call", "train_step", batch, algorithm, lr)[-1]
 
     def compute_values(self, batch: TrainingBatch) -> torch.Tensor:
         """The critic's ``[B, T]`` values (position p: the state before token p)."""

@@ -22,8 +22,9 @@ class Policy(Protocol):
     def compute_logprobs(self, batch: TrainingBatch) -> tuple[torch.Tensor, torch.Tensor, object]:
         """(log-probs, entropy, routed experts or None): ``[B, T]`` aligned with ``input_ids``."""
 
-    def train_step(self, batch: TrainingBatch, algorithm=None) -> dict[str, float]:
-        """One optimizer step over the batch (micro-batched inside); ``algorithm`` overrides the loss."""
+    def train_step(self, batch: TrainingBatch, algorithm=None, lr: float | None = None) -> dict[str, float]:
+        """One optimizer step over the batch (micro-batched inside); ``algorithm`` overrides the loss, ``lr``
+        the learning rate (constant, outside the trainer's schedule)."""
 
     def compute_ref_logprobs(self, batch: TrainingBatch) -> torch.Tensor:
         """The reference policy's ``[B, T]`` log-probs (when the group has one)."""

@@ -83,6 +83,16 @@ def train_rank(rank, world, init_method, hf_dir, cfg, algorithm, batch, steps):
     return before, after, metrics
 
 
+def lr_rank(rank, world, init_method, hf_dir, cfg, algorithm, batch, warm_lr, warm_steps, steps):
+    """``policy/lr`` of ``warm_steps`` steps at ``warm_lr`` then ``steps`` steps on the trainer's schedule."""
+    enable_cpu()
+    from parallel.policy import MegatronPolicy
+
+    policy = MegatronPolicy(hf_dir, cfg, algorithm, rank, world, init_method)
+    warm = [policy.train_step(batch, lr=warm_lr)["policy/lr"] for _ in range(warm_steps)]
+    return warm, [policy.train_step(batch)["policy/lr"] for _ in range(steps)]
+
+
 def _experts_used(policy):
     """Hooks on every router that keep the experts each forward actually dispatched to."""
     from parallel.weights.placement import unwrap

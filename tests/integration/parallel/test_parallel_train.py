@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from parallel_launch import run_ranks
-from parallel_ranks import batch_of, train_rank, trainer_config
+from parallel_ranks import batch_of, lr_rank, train_rank, trainer_config
 
 from megatron_rl.algorithms.config import AlgorithmConfig
 from parallel.config import OptimizerConfig
@@ -38,3 +38,13 @@ def test_grpo_lowers_positive_advantage_nll(arch, layout, tiny, graded_batch, tm
     assert last["policy/grad_norm"] > 0 and last["policy/lr"] == pytest.approx(3e-3)
     assert last["perf/loss_tokens"] == float(graded_batch.loss_mask.sum())
     assert last["perf/micro_batches"] >= 1
+
+
+def test_steps_at_their_own_rate_leave_the_schedule_where_it_was(tiny, graded_batch, tmp_path):
+    """The SFT warm start's ``sft.lr``: its steps run at that rate, then RL's cosine starts at its own step 0."""
+    optimizer = OptimizerConfig(lr=1e-3, min_lr=1e-4, lr_decay_style="cosine", lr_decay_steps=2)
+    cfg = trainer_config(max_tokens_per_micro_batch=20, optimizer=optimizer)
+    algo = AlgorithmConfig(advantage_estimator="grpo", policy_loss_type="regular")
+    [(warm, scheduled)] = run_ranks(lr_rank, 1, tmp_path, tiny["qwen3"], cfg, algo, graded_batch, 5e-4, 3, 3)
+    assert warm == pytest.approx([5e-4] * 3)
+    assert scheduled == pytest.approx([1e-3, 5.5e-4, 1e-4])  # cosine from its step 0, not from step 3
