@@ -65,7 +65,10 @@ class RouterConfig:
     request_timeout_s: float = 600.0
     """Seconds one generation request may take on one replica."""
     health_interval_s: float = 2.0
-    """Seconds between health probes of replicas taken out of rotation."""
+    """Seconds between health probes of every replica."""
+    health_failures: int = 3
+    """Consecutive failed probes before a replica leaves rotation: one slow ``/health`` on a busy machine is
+    not an outage (a failed request still takes its replica out at once)."""
     max_concurrency: int = 256
     """Generation requests in flight at once across the fleet (client side)."""
 
@@ -78,6 +81,8 @@ class RouterConfig:
             raise ValueError("inference.router.request_timeout_s and health_interval_s: must be > 0")
         if self.max_concurrency < 1:
             raise ValueError("inference.router.max_concurrency: must be >= 1")
+        if self.health_failures < 1:
+            raise ValueError(f"inference.router.health_failures: must be >= 1, got {self.health_failures}")
 
 
 @dataclass

@@ -32,6 +32,7 @@ class Replica:
         self.assigned = 0
         self.healthy = True
         self.quarantined = False
+        self.failed_probes = 0
         """Set when its weights failed to update: it never serves again in this run."""
         self.capturing_routes = False
         self.stats = ReplicaStats()

@@ -83,12 +83,15 @@ class Router:
             await self.probe()
 
     async def probe(self) -> None:
-        """Check every replica once: failing ones leave rotation, recovered ones return."""
+        """Check every replica once: one failing ``health_failures`` probes in a row leaves rotation, one that
+        passes returns (a quarantined one never does)."""
         results = await asyncio.gather(*(r.is_healthy() for r in self.replicas))
         for replica, ok in zip(self.replicas, results):
-            ok = ok and not replica.quarantined
+            replica.failed_probes = 0 if ok else replica.failed_probes + 1
+            if replica.quarantined:
+                continue
             if ok and not replica.healthy:
                 log.warning("inference: %s is healthy again, back in rotation", replica.url)
-            elif not ok:
-                self.take_out(replica, "health check failed")
-            replica.healthy = ok
+                replica.healthy = True
+            elif replica.failed_probes >= self.config.health_failures:
+                self.take_out(replica, f"{replica.failed_probes} health checks failed in a row")
