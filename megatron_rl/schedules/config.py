@@ -51,10 +51,27 @@ class SFTConfig:
     """Supervised warm start on the environment's demonstrations before RL (0 steps: none)."""
 
     steps: int = 0
-    """Optimizer steps of cross-entropy on demonstrations."""
+    """Optimizer steps of cross-entropy on demonstrations (the most, when ``stop_at_accuracy`` is set)."""
     batch_size: int = 32
     """Demonstrations per step."""
+    lr: float | None = None
+    """Constant learning rate of the warm start; RL then starts ``trainer.optimizer``'s schedule at its step 0.
+    None: SFT steps run on (and advance) the trainer's schedule."""
+    stop_at_accuracy: float = 0.0
+    """Stop early once the greedy pass rate on ``check_prompts`` training prompts reaches this (0: run all
+    ``steps``). RL then starts from the same accuracy whatever the seed, instead of wherever a fixed step count
+    lands on a steep SFT curve. The check never sees the eval split."""
+    check_every: int = 5
+    """With ``stop_at_accuracy``: steps between checks (each syncs the weights to the fleet and samples greedily)."""
+    check_prompts: int = 64
+    """With ``stop_at_accuracy``: training prompts in the check, the same ones every time."""
 
     def __post_init__(self) -> None:
         if self.steps < 0 or self.batch_size < 1:
             raise ValueError("sft.steps must be >= 0 and sft.batch_size >= 1")
+        if not 0.0 <= self.stop_at_accuracy <= 1.0:
+            raise ValueError(f"sft.stop_at_accuracy: a pass rate in [0, 1] (0: off), got {self.stop_at_accuracy}")
+        if self.lr is not None and self.lr <= 0:
+            raise ValueError(f"sft.lr: must be > 0 or null (the trainer's schedule), got {self.lr}")
+        if self.check_every < 1 or self.check_prompts < 1:
+            raise ValueError("sft.check_every and sft.check_prompts must be >= 1")

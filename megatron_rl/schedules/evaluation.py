@@ -5,21 +5,31 @@ from __future__ import annotations
 import statistics
 import time
 
-from megatron_rl.contracts import FAILED, GeneratorInput
+from megatron_rl.contracts import FAILED, GeneratorInput, PromptItem
 from megatron_rl.schedules.components import Components, LoopState
 
 
+async def greedy_scores(c: Components, prompts: list[PromptItem], step: int, version: int) -> list[float]:
+    """Each prompt's reward for one reply at the eval temperature; a rollout whose environment failed every
+    attempt scores 0."""
+    out = await c.generator.generate(GeneratorInput(prompts, 1, step, version), evaluation=True)
+    return [0.0 if t.stop_reason == FAILED else t.reward_sum() for t in out.trajectories]
+
+
+def pass_rate(scores: list[float]) -> float:
+    """Share of replies with full reward."""
+    return statistics.fmean(1.0 if s >= 1.0 else 0.0 for s in scores)
+
+
 async def evaluate(c: Components, state: LoopState) -> dict[str, float]:
-    """``eval/*`` metrics; a rollout whose environment failed every attempt scores 0."""
+    """``eval/*`` metrics over the held-out prompts."""
     if not c.eval_prompts:
         return {}
     start = time.perf_counter()
-    gi = GeneratorInput(c.eval_prompts, 1, state.step, state.version)
-    out = await c.generator.generate(gi, evaluation=True)
-    scores = [0.0 if t.stop_reason == FAILED else t.reward_sum() for t in out.trajectories]
+    scores = await greedy_scores(c, c.eval_prompts, state.step, state.version)
     return {
         "eval/reward_mean": statistics.fmean(scores),
-        "eval/pass_rate": statistics.fmean(1.0 if s >= 1.0 else 0.0 for s in scores),
+        "eval/pass_rate": pass_rate(scores),
         "eval/num_prompts": float(len(scores)),
         "timing/eval": time.perf_counter() - start,
     }

@@ -108,10 +108,10 @@ async def _start(c: Components, data_metrics: dict) -> LoopState:
     state = LoopState()
     if cfg.sft.steps:
         with c.tracker.phase("sft"):
-            sft_metrics = run_sft(c, PromptSampler(c.train_data.items, seed=cfg.run.seed + 1))
+            sft_metrics, checked_version = await run_sft(c, PromptSampler(c.train_data.items, seed=cfg.run.seed + 1))
             if cfg.algorithm.kl.needs_reference:
                 c.policy.snapshot_reference()  # KL anchors RL to the model it starts from
-            state.version = 1
+            state.version = checked_version + 1
             sync = await c.weight_sync(state.version)
         c.tracker.log(0, {**data_metrics, **sft_metrics, **sync})
     return state

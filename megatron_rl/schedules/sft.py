@@ -7,6 +7,7 @@ signal); real recipes start from an instruction-tuned checkpoint, the tiny ones 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 
 from correction.config import CorrectionConfig
@@ -17,6 +18,9 @@ from megatron_rl.contracts import PromptItem, TrainingBatch, Trajectory, Traject
 from megatron_rl.data.sampler import PromptSampler
 from megatron_rl.envs.registry import get_env_class
 from megatron_rl.schedules.components import Components
+from megatron_rl.schedules.evaluation import greedy_scores, pass_rate
+
+log = logging.getLogger("megatron_rl")
 
 
 def demonstration(c: Components, item: PromptItem, index: int) -> Trajectory:
@@ -35,14 +39,17 @@ def demonstration(c: Components, item: PromptItem, index: int) -> Trajectory:
     )
 
 
-def run_sft(c: Components, sampler: PromptSampler) -> dict[str, float]:
-    """``sft.steps`` cross-entropy steps; returns the last step's ``sft/*`` metrics."""
+async def run_sft(c: Components, sampler: PromptSampler) -> tuple[dict[str, float], int]:
+    """Up to ``sft.steps`` cross-entropy steps, fewer when ``sft.stop_at_accuracy`` is reached; returns the
+    last step's ``sft/*`` metrics and the weight version the fleet serves (0: the checks never synced)."""
     cfg = c.config.sft
     # Demonstrations have no sampler routing to replay (experts route freely) and no reference yet:
     # the reference is the policy SFT ends with.
     loss = dataclasses.replace(c.config.algorithm, policy_loss_type="cross_entropy", correction=CorrectionConfig(),
                                routing_replay=RoutingReplayConfig(), kl=KLConfig())
+    checked = sampler.items[:cfg.check_prompts] if cfg.stop_at_accuracy else []
     metrics: dict[str, float] = {}
+    version = 0
     progress = bar(cfg.steps, "sft")
     for step in range(cfg.steps):
         start = time.perf_counter()
@@ -50,13 +57,22 @@ def run_sft(c: Components, sampler: PromptSampler) -> dict[str, float]:
         demos = [demonstration(c, item, i) for i, item in enumerate(items)]
         advantages = [[1.0] * len(t.response_ids) for t in demos]
         batch = TrainingBatch.from_trajectories(demos, advantages, list(range(len(demos))), c.pad_token_id)
-        out = c.policy.train_step(batch, loss)
+        out = c.policy.train_step(batch, loss, lr=cfg.lr)
         for mismatch in ("policy/rollout_train_logprob_abs_diff", "policy/rollout_train_k3_kl"):
             out.pop(mismatch, None)  # demonstrations carry no sampler log-probs
         metrics = {f"sft/{k.split('/', 1)[-1]}": v for k, v in out.items()}
         metrics["sft/seconds"] = time.perf_counter() - start
+        metrics["sft/steps"] = float(step + 1)
         progress.update()
+        if checked and (step + 1) % cfg.check_every == 0:
+            version += 1
+            await c.weight_sync(version)
+            metrics["sft/check_pass_rate"] = pass_rate(await greedy_scores(c, checked, 0, version))
+            log.info("sft step %d: greedy pass rate %.3f on %d training prompts (stop at %.3f)", step,
+                     metrics["sft/check_pass_rate"], len(checked), cfg.stop_at_accuracy)
+            if metrics["sft/check_pass_rate"] >= cfg.stop_at_accuracy:
+                break
         if step % 10 == 0 or step + 1 == cfg.steps:
             c.tracker.log_sft(step, metrics)
     progress.close()
-    return metrics
+    return metrics, version

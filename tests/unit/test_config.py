@@ -37,6 +37,8 @@ def test_overrides_reach_nested_dataclasses():
         (["trainer.recompute.granularity=layer"], "trainer.recompute.granularity.*full, selective"),
         (["trainer.recompute.modules=[moe_act]"], "trainer.recompute.modules.*use moe"),
         (["trainer.recompute.num_layers=0"], "trainer.recompute.num_layers"),
+        (["sft.stop_at_accuracy=45"], "sft.stop_at_accuracy.*\\[0, 1\\]"),
+        (["sft.check_every=0"], "sft.check_every"),
     ],
 )
 def test_bad_input_names_the_key(words, needle):
