@@ -85,7 +85,7 @@ def build_app(service: TrainingService) -> FastAPI:
     async def get_info(request: Request):
         r = await body(request)
         service.check_model(r.get("model_id"))
-        return {"type": "get_info", "model_id": service.model_id, "is_lora": False,
+        return {"type": "get_info", "model_id": r["model_id"], "is_lora": False,
                 "model_data": {"arch": service.cfg.model.tiny_arch or "hf", "model_name": service.base_model,
                                "tokenizer_id": service.model_path}}
 

@@ -114,3 +114,17 @@ def reset_optimizer(policy, scratch) -> None:
 
     policy.optimizer, policy.scheduler = build_optimizer(policy.model, policy.cfg, policy.pgs)
     scratch["dirty"] = False
+
+
+def load_base(policy, scratch) -> None:
+    """The source checkpoint's weights, a fresh Adam and step 0: where a newly created model starts."""
+    from parallel.weights.hf_import import load_hf_weights
+
+    load_hf_weights(policy.model, policy.hf_dir, policy.pgs)
+    reset_optimizer(policy, scratch)
+    policy.steps = 0
+
+
+def pending_gradients(policy, scratch) -> bool:
+    """Whether the gradient buffers hold a ``forward_backward`` that no ``optim_step`` has applied."""
+    return bool(scratch.get("dirty"))

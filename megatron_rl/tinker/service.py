@@ -1,10 +1,13 @@
-"""The one model a ``serve-training`` service trains: its trainer ranks, the vLLM fleet that samples
-it, the weight versions the fleet serves, the SDK's futures and sampling sessions.
+"""The models a ``serve-training`` service trains: its trainer ranks, the vLLM fleet that samples
+them, the weight versions the fleet serves, the SDK's futures and sampling sessions.
 
 Training calls run one at a time in arrival order (the SDK sends a client's requests in order);
-each is a future the SDK polls. Sampling runs concurrently through the fleet, bound to the weight
-version its sampling session was made for; the fleet holds only the latest weights, so a session of
-replaced weights is refused rather than answered by other weights.
+each is a future the SDK polls. Every training client is a model of its own (weights, Adam state,
+step count) that starts from the base checkpoint; they take turns on the one set of trainer ranks:
+a call for a model the ranks do not hold first parks the held model's state on disk (``swap/``) and
+restores the called one's. Sampling runs concurrently through the fleet, bound to the weight version
+its sampling session was made for; the fleet holds only the latest weights, so a session of replaced
+weights is refused rather than answered by other weights.
 """
 
 from __future__ import annotations
@@ -46,7 +49,16 @@ class TrainingService:
         self.model_path = str(cfg.model.resolve_path())
         self.base_model = Path(self.model_path).name
         self.futures: dict[str, asyncio.Task] = {}
-        self.model_id: str | None = None
+        self.models: set[str] = set()
+        """every model (training client) created, by id."""
+        self.held: str | None = None
+        """the model whose state the trainer ranks hold; the others' states are parked under ``swap/``."""
+        self._base_on_ranks = True
+        """the ranks hold the base checkpoint as loaded at start (no model has been held yet)."""
+        self.unstepped: dict[str, tuple[Path, bool] | None] = {}
+        """models that took no optimizer step yet -> the state they were loaded from (folder, with its
+        optimizer), None for the base checkpoint: they are restored by loading that again, never parked
+        (megatron cannot checkpoint a distributed optimizer that never stepped)."""
         self.version = 0
         self.sessions: dict[str, int] = {}
         """sampling session id -> the weight version it samples."""
@@ -78,6 +90,7 @@ class TrainingService:
             cfg.placement.trainer_resources, reserved.options("trainer", world))
         self._stack.callback(self.policy.shutdown)
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self._swap, ignore_errors=True)  # models of an earlier run of the service are gone
         fleet = InferenceFleet(fleet_config(cfg, self.model_path, self.state_dir),
                                cfg.placement, reserved.options("inference", cfg.inference.num_servers))
         self.fleet = await self._stack.enter_async_context(fleet)
@@ -123,6 +136,7 @@ class TrainingService:
             raise Refused(f"{field}: this service trains {self.base_model!r} (from {self.model_path}), not {name!r}")
 
     def create_model(self, session_id: str, seq_id: int, base_model: str, lora: dict | None) -> str:
+        """A new model starting from the base checkpoint (its state is made when it is first called)."""
         self.check_base_model(base_model)
         if lora is not None and not self.lora_as_full:
             raise Refused(
@@ -130,14 +144,49 @@ class TrainingService:
                 f"weights. Start it with --lora-as-full-finetune to accept LoRA requests as full fine-tuning (rank "
                 f"{lora.get('rank')} ignored)")
         model_id = f"{session_id}:train:{seq_id}"
-        if self.model_id is not None and self.model_id != model_id:
-            raise Refused(f"base_model: this service trains one model at a time and already trains {self.model_id}")
-        self.model_id = model_id
+        self.models.add(model_id)
+        self.unstepped[model_id] = None
         return model_id
 
     def check_model(self, model_id: str | None) -> None:
-        if model_id is None or model_id != self.model_id:
-            raise Refused(f"model_id: unknown model {model_id!r} (this service trains {self.model_id!r})")
+        if model_id not in self.models:
+            raise Refused(f"model_id: unknown model {model_id!r} (this service trains {sorted(self.models)})")
+
+    @property
+    def _swap(self) -> Path:
+        return self.state_dir / "swap"
+
+    async def _hold(self, model_id: str, replacing: bool = False) -> None:
+        """Make the trainer ranks hold ``model_id``'s state (call under the training lock): park the held
+        model's state in ``swap/``, then restore ``model_id``'s: its parked state, or for a model that took
+        no step yet the state it was loaded from or the base checkpoint. ``replacing``: the caller loads a
+        saved state next, so nothing is restored."""
+        if self.held == model_id:
+            return
+        if self.held is not None:
+            if (await asyncio.to_thread(self.policy.run, ranks.pending_gradients))[-1]:
+                raise Refused(
+                    f"model_id: the trainer holds gradients of model {self.held} that no optim_step has applied; "
+                    f"models take turns on the trainer between optimizer steps, so call optim_step for it first")
+            if self.held not in self.unstepped:
+                await asyncio.to_thread(self.policy.save, self._swap / self.held)
+            self.held, self._base_on_ranks = None, False
+        parked = self._swap / model_id
+        if replacing:
+            pass
+        elif model_id not in self.unstepped:
+            await asyncio.to_thread(self.policy.load, parked)
+        elif self.unstepped[model_id] is not None:
+            await self._load(*self.unstepped[model_id])
+        elif not self._base_on_ranks:
+            await asyncio.to_thread(self.policy.run, ranks.load_base)
+        shutil.rmtree(parked, ignore_errors=True)
+        self.held, self._base_on_ranks = model_id, False
+
+    async def _load(self, folder: Path, with_optimizer: bool) -> None:
+        await asyncio.to_thread(self.policy.load, folder)
+        if not with_optimizer:
+            await asyncio.to_thread(self.policy.run, ranks.reset_optimizer)
 
     # ---- training --------------------------------------------------------------------------------
     def forward_backward(self, call: ForwardBackwardCall) -> str:
@@ -149,6 +198,7 @@ class TrainingService:
             raise Refused(str(err)) from None
 
         async def work() -> Outcome:
+            await self._hold(call.model_id)
             results = await asyncio.to_thread(
                 self.policy.run, ranks.forward_backward, batch, call.loss_fn, call.config, call.forward_only)
             logp, token_loss, metrics = results[-1]
@@ -168,7 +218,9 @@ class TrainingService:
         args = [float(adam.get(k, d)) for k, d in zip(keys, (1e-4, 0.9, 0.95, 1e-12, 0.0, 0.0))]
 
         async def work() -> Outcome:
+            await self._hold(model_id)
             metrics = (await asyncio.to_thread(self.policy.run, ranks.optim_step, *args))[-1]
+            self.unstepped.pop(model_id, None)
             return Outcome(json={"type": "optim_step", "metrics": metrics})
 
         return self.submit(work)
@@ -194,10 +246,11 @@ class TrainingService:
         name = name or f"state-{uuid.uuid4().hex[:8]}"
         if "/" in name:
             raise Refused("path: a checkpoint name may not contain '/'")
-        path = f"tinker://{self.model_id}/weights/{name}"
+        path = f"tinker://{model_id}/weights/{name}"
         final = self._dir(path, "weights")
 
         async def work() -> Outcome:
+            await self._hold(model_id)
             tmp = final.with_name(final.name + ".tmp")
             shutil.rmtree(tmp, ignore_errors=True)
             await asyncio.to_thread(self.policy.save, tmp)
@@ -214,10 +267,10 @@ class TrainingService:
             raise Refused(f"path: no saved state at {path} (looked in {folder})")
 
         async def work() -> Outcome:
-            await asyncio.to_thread(self.policy.load, folder)
-            if not optimizer:
-                await asyncio.to_thread(self.policy.run, ranks.reset_optimizer)
-            return Outcome(json={"type": "load_weights", "path": path, "model_id": self.model_id})
+            await self._hold(model_id, replacing=True)
+            await self._load(folder, optimizer)
+            self.unstepped[model_id] = (folder, optimizer)
+            return Outcome(json={"type": "load_weights", "path": path, "model_id": model_id})
 
         return self.submit(work)
 
@@ -230,11 +283,12 @@ class TrainingService:
         """Ephemeral (no name): weights go into the fleet, the answer is a sampling session bound to them.
         Persistent (a name): also an HF checkpoint on disk, its tinker:// path the answer."""
         self.check_model(model_id)
-        path = f"tinker://{self.model_id}/sampler_weights/{name}" if name else None
+        path = f"tinker://{model_id}/sampler_weights/{name}" if name else None
         if name and "/" in name:
             raise Refused("path: a checkpoint name may not contain '/'")
 
         async def work() -> Outcome:
+            await self._hold(model_id)
             version = await self._sync()
             if path is None:
                 sid = f"{session_id}:sample:{session_seq_id}"

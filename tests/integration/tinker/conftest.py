@@ -71,6 +71,6 @@ def sdk(service):
 
 @pytest.fixture(scope="package")
 def trainer(sdk):
-    """The service's one training client (it trains one model at a time), shared by the tests in file order:
-    test_rl_loop (from the fresh model), test_sdk, then test_state_restart (which restarts the service)."""
+    """One training client shared by the tests in file order: test_rl_loop (from the base model, whatever
+    test_cookbook and test_models trained before), test_sdk, then test_state_restart (which restarts the service)."""
     return sdk.create_lora_training_client(base_model="model", rank=8).result()
