@@ -88,7 +88,8 @@ def test_lora_and_other_models_are_refused(tmp_path):
     with pytest.raises(Refused, match="base_model: this service trains 'm'"):
         service.create_model("s", 0, "Qwen/Qwen3-8B", None)
     assert service.create_model("s", 0, str(model), None) == "s:train:0"
-    with pytest.raises(Refused, match="already trains s:train:0"):
-        service.create_model("s", 1, "m", None)
+    assert service.create_model("s", 1, "m", None) == "s:train:1"  # a second training client: a model of its own
+    with pytest.raises(Refused, match="model_id: unknown model 's:train:2'"):
+        service.check_model("s:train:2")
     full = TrainingService(cfg, tmp_path / "state", lora_as_full=True)
     assert full.create_model("s", 0, "m", {"rank": 32}) == "s:train:0"
