@@ -172,16 +172,19 @@ class TrainingService:
                 await asyncio.to_thread(self.policy.save, self._swap / self.held)
             self.held, self._base_on_ranks = None, False
         parked = self._swap / model_id
-        if replacing:
-            pass
-        elif model_id not in self.unstepped:
+        if not replacing:
+            await self._restore(model_id, parked)
+        shutil.rmtree(parked, ignore_errors=True)
+        self.held, self._base_on_ranks = model_id, False
+
+    async def _restore(self, model_id: str, parked: Path) -> None:
+        """Put ``model_id``'s state on the ranks: parked, the state it was loaded from, or the base checkpoint."""
+        if model_id not in self.unstepped:
             await asyncio.to_thread(self.policy.load, parked)
         elif self.unstepped[model_id] is not None:
             await self._load(*self.unstepped[model_id])
         elif not self._base_on_ranks:
             await asyncio.to_thread(self.policy.run, ranks.load_base)
-        shutil.rmtree(parked, ignore_errors=True)
-        self.held, self._base_on_ranks = model_id, False
 
     async def _load(self, folder: Path, with_optimizer: bool) -> None:
         await asyncio.to_thread(self.policy.load, folder)
