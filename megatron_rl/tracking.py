@@ -59,8 +59,9 @@ class Tracker:
 
     def log_sft(self, step: int, metrics: dict[str, float]) -> None:
         """SFT warm-start progress: console only (RL steps own metrics.jsonl's step axis)."""
-        log.info("sft step %d loss=%.4f entropy=%.2f lr=%.2e", step, metrics.get("sft/loss", float("nan")),
-                 metrics.get("sft/entropy", float("nan")), metrics.get("sft/lr", float("nan")))
+        check = f" check_pass={metrics['sft/check_pass_rate']:.3f}" if "sft/check_pass_rate" in metrics else ""
+        log.info("sft step %d loss=%.4f entropy=%.2f lr=%.2e%s", step, metrics.get("sft/loss", float("nan")),
+                 metrics.get("sft/entropy", float("nan")), metrics.get("sft/lr", float("nan")), check)
 
     @contextlib.contextmanager
     def phase(self, name: str):

@@ -68,9 +68,9 @@ async def run_sft(c: Components, sampler: PromptSampler) -> tuple[dict[str, floa
             version += 1
             await c.weight_sync(version)
             metrics["sft/check_pass_rate"] = pass_rate(await greedy_scores(c, checked, 0, version))
-            log.info("sft step %d: greedy pass rate %.3f on %d training prompts (stop at %.3f)", step,
-                     metrics["sft/check_pass_rate"], len(checked), cfg.stop_at_accuracy)
             if metrics["sft/check_pass_rate"] >= cfg.stop_at_accuracy:
+                log.info("sft: stopped after %d steps, greedy pass rate %.3f on %d training prompts (target %.3f)",
+                         step + 1, metrics["sft/check_pass_rate"], len(checked), cfg.stop_at_accuracy)
                 break
         if step % 10 == 0 or step + 1 == cfg.steps:
             c.tracker.log_sft(step, metrics)
