@@ -260,12 +260,17 @@ def projections(links: Links, bucket_mb: int, storage_gbps: float, delta_ratio: 
           f"NVLink {links.intra_node_gbps} GB/s per node; delta: {delta_ratio:.2%} of the bytes, storage "
           f"{storage_gbps} GB/s per node, every GPU reads it)")
     for name, specs, layout, fleet, published in CASES:
-        plan = TransferPlan.build(specs(), layout, bucket_mb << 20)
+        tensors = specs()
+        start = time.process_time()
+        plan = TransferPlan.build(tensors, layout, bucket_mb << 20)
+        assert TransferPlan.from_json(plan.to_json()).fingerprint == plan.fingerprint
+        plan_s = time.process_time() - start
         p = project(plan, fleet, links)
         delta_s = plan.nbytes * delta_ratio * fleet.gpus_per_node / (storage_gbps * 1e9)
         print(f"{name:16s} {p['bytes'] / 1e9:7.1f} GB, {int(p['senders']):4d} sender ranks, "
               f"{fleet.trainer_nodes}+{fleet.inference_nodes} nodes: broadcast {p['broadcast_s']:.2f} s, "
-              f"sharded {p['sharded_s']:.2f} s, delta {delta_s:.2f} s | published: {published}")
+              f"sharded {p['sharded_s']:.2f} s, delta {delta_s:.2f} s | published: {published} | plan of "
+              f"{len(plan.entries)} tensors built + JSON round trip in {plan_s:.1f} s of CPU")
 
 
 def main() -> None:

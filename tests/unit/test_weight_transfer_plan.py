@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 import pytest
 import torch
@@ -55,16 +54,16 @@ def test_owner_rule_sends_from_the_rank_that_exports_each_tensor():
         TransferPlan.build(moe_specs(), layout, 1 << 20, senders="tp1")
 
 
-def test_plan_of_deepseek_v3_size_builds_in_about_a_second():
+def test_plan_of_deepseek_v3_size_survives_a_json_round_trip():
+    """The plan of a PP16 x EP16 DeepSeek-V3 layout (46848 expert tensors) builds and travels as JSON unchanged.
+    How long that takes is benchmarks/bench_weight_transfer.py's to print (its DeepSeek-V3 projection row)."""
     specs = [TensorSpec(f"model.layers.{i}.mlp.experts.{e}.{p}.weight", (2048, 7168), "bfloat16")
              for i in range(61) for e in range(256) for p in ("gate_proj", "up_proj", "down_proj")]
     layout = TrainerLayout(num_layers=61, pp=16, dp=16, ep=16, num_experts=256)
-    start = time.process_time()
     plan = TransferPlan.build(specs, layout, 512 << 20)
     again = TransferPlan.from_json(plan.to_json())
-    seconds = time.process_time() - start
     assert again.fingerprint == plan.fingerprint and len(plan.entries) == 46848
-    assert seconds < 6, f"plan build + JSON round trip took {seconds:.1f} s of CPU for 46848 tensors"
+    assert again.entries == plan.entries and len(again.buckets) == len(plan.buckets)
 
 
 def test_shards_follow_tensor_parallel_splits():
