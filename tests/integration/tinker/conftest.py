@@ -66,7 +66,9 @@ def service(tmp_path_factory):
 def sdk(service):
     import tinker
 
-    return tinker.ServiceClient(base_url=service.url)
+    client = tinker.ServiceClient(base_url=service.url)
+    yield client
+    client.close("success").result()  # else its session's heartbeat thread outlives the service and logs connection errors
 
 
 @pytest.fixture(scope="package")

@@ -20,10 +20,10 @@ def test_save_state_restart_load_state_continues_identically(service, trainer):
     first = [trainer.forward_backward(facts, "cross_entropy").result(), trainer.optim_step(ADAM).result()]
     after = trainer.forward(facts, "cross_entropy").result()
     service.restart()
-    fresh = tinker.ServiceClient(base_url=service.url)
-    resumed = fresh.create_training_client_from_state_with_optimizer(path).result()
-    again = [resumed.forward_backward(facts, "cross_entropy").result(), resumed.optim_step(ADAM).result()]
-    after_again = resumed.forward(facts, "cross_entropy").result()
+    with tinker.ServiceClient(base_url=service.url) as fresh:
+        resumed = fresh.create_training_client_from_state_with_optimizer(path).result()
+        again = [resumed.forward_backward(facts, "cross_entropy").result(), resumed.optim_step(ADAM).result()]
+        after_again = resumed.forward(facts, "cross_entropy").result()
     assert again[0].metrics["loss:sum"] == first[0].metrics["loss:sum"]
     for a, b in zip(after.loss_fn_outputs, after_again.loss_fn_outputs):
         np.testing.assert_array_equal(a["logprobs"].to_numpy(), b["logprobs"].to_numpy())
