@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 POLICIES = ("sticky_least_loaded", "least_loaded", "round_robin")
 DTYPES = ("float32", "bfloat16", "float16")
+ROUTE_CAPTURES = ("auto", "native", "hooks")
 
 
 @dataclass
@@ -31,6 +32,11 @@ class ServerConfig:
     """Skip graph capture/compilation (starts faster; required on the CPU build)."""
     worker_extension: str = "megatron_rl.inference.worker_extension.MegatronRLWorkerExtension"
     """Qualified name of the vLLM worker extension class injected into every worker (empty: none)."""
+    routed_experts: str = "auto"
+    """How an R3 run gets the experts each token was routed to: ``native`` (vLLM's own capture: the server starts
+    with ``--enable-return-routed-experts`` and R3 requests go to its token-in/token-out ``/inference/v1/generate``;
+    vLLM's GPU model runner), ``hooks`` (the worker extension's hooks on the MoE gates; the CPU build, or routers
+    with plain top-k), ``auto`` (``native`` when the run uses R3 on a CUDA machine, else ``hooks``)."""
     extra_args: list[str] = field(default_factory=list)
     """More ``vllm.entrypoints.openai.api_server`` flags, passed through verbatim."""
     startup_timeout_s: float = 300.0
@@ -50,6 +56,8 @@ class ServerConfig:
             raise ValueError("inference.server.gpu_memory_utilization: must lie in (0, 1], e.g. 0.85")
         if self.tensor_parallel_size < 1:
             raise ValueError("inference.server.tensor_parallel_size: must be >= 1")
+        if self.routed_experts not in ROUTE_CAPTURES:
+            raise ValueError(f"inference.server.routed_experts: {self.routed_experts!r} is not one of {ROUTE_CAPTURES}")
         if self.startup_timeout_s <= 0:
             raise ValueError("inference.server.startup_timeout_s: must be > 0 (e.g. 300)")
 

@@ -19,7 +19,7 @@ from megatron_rl.inference.config import InferenceConfig
 from megatron_rl.inference.control import ControlPlane
 from megatron_rl.inference.launcher import LocalServers, RayServers
 from megatron_rl.inference.metrics import fleet_metrics
-from megatron_rl.inference.protocol import completion_payload, parse_choice
+from megatron_rl.inference.protocol import COMPLETIONS_PATH, GENERATE_PATH, completion_payload, generate_payload, parse_choice
 from megatron_rl.inference.replica import KEEPALIVE_S, Replica, ReplicaError
 from megatron_rl.inference.router import NoReplicaError, Router
 from megatron_rl.inference.types import GenerationRequest, GenerationResult
@@ -109,15 +109,19 @@ class InferenceFleet:
     async def _generate(self, request: GenerationRequest) -> GenerationResult:
         version = self.weight_version
         salt = request.cache_salt or (f"weights-{version}" if version is not None else None)
-        payload = completion_payload(request, self.model, salt)
-        if request.return_routed_experts:
+        native = request.return_routed_experts and self.config.server.routed_experts == "native"
+        if native:
+            payload, path = generate_payload(request, self.model, salt), GENERATE_PATH
+        else:
+            payload, path = completion_payload(request, self.model, salt), COMPLETIONS_PATH
+        if request.return_routed_experts and not native:
             await self._capture_routes()
         async with self._slots:
-            body, replica, attempts, latency = await self.router.send(payload, request.session_id)
+            body, replica, attempts, latency = await self.router.send(payload, request.session_id, path)
         token_ids, logprobs, reason, experts = parse_choice(body)
         result = GenerationResult(token_ids, logprobs, reason, replica.url, version, routed_experts=experts,
                                   attempts=attempts, latency_s=latency)
-        if request.return_routed_experts and experts is None:
+        if request.return_routed_experts and not native and experts is None:
             await self._attach_captured_routes(replica, body["id"], result)
         return result
 

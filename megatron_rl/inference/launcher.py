@@ -35,7 +35,8 @@ def _ctrl_c_interrupts():
         signal.signal(signal.SIGINT, previous)
 
 
-def _on_cpu() -> bool:
+def on_cpu() -> bool:
+    """Whether this process sees no CUDA device (vLLM runs its CPU build here)."""
     import torch
 
     return not torch.cuda.is_available()
@@ -56,8 +57,8 @@ class LocalServers:
 
     def __init__(self, config: ServerConfig, num: int, host: str = LOOPBACK, secret: str | None = None, first: int = 0):
         config = _checked(config)
-        on_cpu = _on_cpu()
-        self.servers = [ManagedServer(config, first + i, on_cpu, host, secret) for i in range(num)]
+        cpu = on_cpu()
+        self.servers = [ManagedServer(config, first + i, cpu, host, secret) for i in range(num)]
         self.timeout_s = config.startup_timeout_s
 
     @property
@@ -122,7 +123,7 @@ class RayServers:
         self.config, self.num, self.secret = _checked(config), num, secret
         self.actor_options = actor_options or [{}] * num
         """Ray options per server's actor (e.g. its placement-group bundle)."""
-        gpus = 0 if _on_cpu() else config.tensor_parallel_size
+        gpus = 0 if on_cpu() else config.tensor_parallel_size
         import ray
 
         self._actor = ray.remote(num_cpus=0, num_gpus=gpus, resources=dict(resources or {}))(_ServerHost)

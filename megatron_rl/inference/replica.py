@@ -8,6 +8,7 @@ import time
 import aiohttp
 
 from megatron_rl.inference.metrics import ReplicaStats, prefix_cache_counters
+from megatron_rl.inference.protocol import COMPLETIONS_PATH
 
 
 # vLLM's server (uvicorn) closes idle keep-alive connections after 5 s; reusing one it already closed
@@ -65,13 +66,14 @@ class Replica:
         except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as err:
             raise ReplicaError(f"{self.url}{path}: {type(err).__name__}: {err}") from err
 
-    async def complete(self, payload: dict, headers: dict, timeout_s: float) -> tuple[dict, float]:
-        """Run one completion, counting it in flight; returns the body and its latency."""
+    async def complete(self, payload: dict, headers: dict, timeout_s: float,
+                       path: str = COMPLETIONS_PATH) -> tuple[dict, float]:
+        """Run one generation request at ``path``, counting it in flight; returns the body and its latency."""
         self.in_flight += 1
         self.assigned += 1
         start = time.monotonic()
         try:
-            body = await self.post("/v1/completions", payload, headers=headers, timeout_s=timeout_s)
+            body = await self.post(path, payload, headers=headers, timeout_s=timeout_s)
         except ReplicaError:
             self.stats.failures += 1
             raise

@@ -8,7 +8,7 @@ import logging
 
 from megatron_rl.inference.config import RouterConfig
 from megatron_rl.inference.policies import make_policy
-from megatron_rl.inference.protocol import SESSION_HEADER
+from megatron_rl.inference.protocol import COMPLETIONS_PATH, SESSION_HEADER
 from megatron_rl.inference.replica import Replica, ReplicaError
 
 log = logging.getLogger(__name__)
@@ -40,15 +40,16 @@ class Router:
             await asyncio.gather(self._health_task, return_exceptions=True)
             self._health_task = None
 
-    async def send(self, payload: dict, session_id: str | None) -> tuple[dict, Replica, int, float]:
-        """POST a completion; returns (body, replica that answered, attempts, latency)."""
+    async def send(self, payload: dict, session_id: str | None,
+                   path: str = COMPLETIONS_PATH) -> tuple[dict, Replica, int, float]:
+        """POST a generation request to ``path``; returns (body, replica that answered, attempts, latency)."""
         headers = {SESSION_HEADER: session_id} if session_id else {}
         tried: list[Replica] = []
         errors: list[str] = []
         while (replica := self.next_replica(session_id, tried)) is not None:
             tried.append(replica)
             try:
-                body, latency = await replica.complete(payload, headers, self.config.request_timeout_s)
+                body, latency = await replica.complete(payload, headers, self.config.request_timeout_s, path)
                 return body, replica, len(tried), latency
             except ReplicaError as err:
                 errors.append(str(err))

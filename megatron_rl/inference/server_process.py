@@ -10,6 +10,8 @@ ends its whole process group (API server and engine core).
 from __future__ import annotations
 
 import ctypes
+import functools
+import importlib.util
 import os
 import shutil
 import signal
@@ -47,6 +49,17 @@ def _die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+@functools.cache
+def _gates_scale_out() -> bool:
+    """Whether the installed vLLM serves ``/inference/v1/generate`` only with ``--enable-scale-out`` (releases after
+    0.26, the CPU build's 0.32 among them). Read from its source: importing vLLM here would cost seconds."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:
+        return False
+    args = Path(spec.origin).parent / "entrypoints" / "launchers" / "cli_args.py"
+    return args.exists() and "enable_scale_out" in args.read_text()
+
+
 def server_command(config: ServerConfig, port: int, seed: int, host: str = LOOPBACK, guarded: bool = False) -> list[str]:
     """The ``api_server`` command line (the ``vllm`` console script is absent on the CPU build); ``guarded``
     loads the middleware that checks the run secret."""
@@ -67,6 +80,10 @@ def server_command(config: ServerConfig, port: int, seed: int, host: str = LOOPB
         cmd += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
     if config.enforce_eager:
         cmd.append("--enforce-eager")
+    if config.routed_experts == "native":
+        cmd.append("--enable-return-routed-experts")
+    if _gates_scale_out():
+        cmd.append("--enable-scale-out")  # the token-in/token-out route (native R3) is off by default there
     if guarded:
         cmd += ["--middleware", _MIDDLEWARE]
     return cmd + list(config.extra_args)

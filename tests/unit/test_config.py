@@ -51,3 +51,17 @@ def test_a_recipe_file_with_an_unknown_key_is_refused(tmp_path):
     bad.write_text("defaults:\n  - train_schema\n  - _self_\nrun:\n  nmae: x\n")
     with pytest.raises(ValueError, match="run.nmae"):
         load_config([f"recipe={bad}"])
+
+
+@pytest.mark.parametrize("words, cuda, expected", [
+    (["recipe=tiny_moe_cpu"], False, "hooks"),  # the CPU build has no native capture
+    (["recipe=tiny_moe_cpu"], True, "native"),  # R3 on a CUDA machine: vLLM's own capture
+    (["recipe=tiny_moe_cpu", "algorithm.routing_replay.mode=none"], True, "hooks"),  # no R3: no capture flag
+    (["recipe=tiny_moe_cpu", "inference.server.routed_experts=hooks"], True, "hooks"),  # asked for by name
+])
+def test_the_fleet_resolves_how_r3_gets_its_routes(words, cuda, expected, monkeypatch, tmp_path):
+    from megatron_rl.schedules import job
+
+    monkeypatch.setattr(job, "on_cpu", lambda: not cuda)
+    server = job.fleet_config(load_config(words), "/m", tmp_path).server
+    assert server.routed_experts == expected

@@ -8,7 +8,7 @@ import pytest
 
 from megatron_rl.inference.config import InferenceConfig, RouterConfig, ServerConfig
 from megatron_rl.inference.metrics import fleet_metrics, prefix_cache_counters
-from megatron_rl.inference.protocol import completion_payload, parse_choice
+from megatron_rl.inference.protocol import completion_payload, generate_payload, parse_choice
 from megatron_rl.inference.server_process import server_command
 from megatron_rl.inference.types import GenerationRequest, SamplingParams
 
@@ -20,6 +20,7 @@ from megatron_rl.inference.types import GenerationRequest, SamplingParams
     ({"router": {"policy": "nope"}}, "inference.router.policy"),
     ({"server": {"dtype": "int8"}}, "inference.server.dtype"),
     ({"server": {"kv_cache_gib": -1}}, "inference.server.kv_cache_gib"),
+    ({"server": {"routed_experts": "vllm"}}, "inference.server.routed_experts"),
 ])
 def test_bad_config_names_the_key(kwargs, key):
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
@@ -31,7 +32,9 @@ def test_server_command_carries_the_run_settings():
     joined = " ".join(cmd)
     assert "vllm.entrypoints.openai.api_server" in joined and "--port 1234" in joined and "--seed 7" in joined
     assert f"--kv-cache-memory-bytes {1 << 29}" in joined and "--worker-extension-cls a.B" in joined
-    assert "--gpu-memory-utilization" not in joined
+    assert "--gpu-memory-utilization" not in joined and "--enable-return-routed-experts" not in joined
+    native = server_command(ServerConfig(model_path="/m", routed_experts="native"), 1, seed=0)
+    assert "--enable-return-routed-experts" in native
     gpu = " ".join(server_command(ServerConfig(model_path="/m", kv_cache_gib=0), 1, seed=0))
     assert "--gpu-memory-utilization 0.85" in gpu
 
@@ -42,6 +45,18 @@ def test_payload_is_token_ids_with_logprobs_and_salt():
     assert payload["prompt"] == [1, 2] and payload["logprobs"] == 0 and payload["return_token_ids"]
     assert payload["cache_salt"] == "weights-4" and payload["stop_token_ids"] == [9] and payload["seed"] == 3
     assert "cache_salt" not in completion_payload(req, "m", None)
+
+
+def test_generate_payload_is_the_same_request_for_the_token_in_token_out_route():
+    req = GenerationRequest([1, 2], SamplingParams(max_tokens=5, stop_token_ids=(9,), seed=3), session_id="s")
+    payload = generate_payload(req, "m", "weights-4")
+    assert payload["token_ids"] == [1, 2] and payload["cache_salt"] == "weights-4" and payload["model"] == "m"
+    sampling = payload["sampling_params"]
+    assert sampling["logprobs"] == 0 and sampling["stop_token_ids"] == [9] and sampling["seed"] == 3
+    assert sampling["max_tokens"] == 5 and sampling["detokenize"] is False
+    answer = {"token_ids": [4, 5], "finish_reason": "stop",
+              "logprobs": {"content": [{"token": "token_id:4", "logprob": -0.5}, {"token": "token_id:5", "logprob": -2.0}]}}
+    assert parse_choice({"choices": [answer]}) == ([4, 5], [-0.5, -2.0], "stop", None)
 
 
 def test_parse_choice_reads_ids_logprobs_reason_and_native_routed_experts():

@@ -3,10 +3,12 @@
 import asyncio
 import dataclasses
 
+import numpy as np
 import torch
 import transformers
 
 from megatron_rl.inference import GenerationRequest, SamplingParams
+from megatron_rl.inference.protocol import GENERATE_PATH, completion_payload, generate_payload, parse_choice
 
 from helpers import run_with_fleet
 
@@ -113,3 +115,29 @@ def test_routed_experts_captured_by_the_worker_extension_match_transformers(flee
     expected = torch.stack([layer.reshape(len(seq) - 1, -1).topk(2, dim=-1).indices for layer in logits], dim=1)
     assert torch.equal(routed.sort(-1).values, expected.sort(-1).values)
     assert again.routed_experts is not None and len(again.routed_experts) == len(prompt) + 11
+
+
+def test_the_token_in_token_out_route_answers_as_completions_do(fleet_config):
+    """R3 requests go to vLLM's ``/inference/v1/generate`` where vLLM returns the routed experts itself (GPU).
+    Here (CPU build, no native capture) the same seeded request there and at ``/v1/completions`` gives the same
+    tokens, log-probs and stop reason, read by the one parser."""
+    prompt = [(17 * i) % 1900 + 13 for i in range(24)]
+    seeded = GenerationRequest(prompt, SamplingParams(max_tokens=16, seed=7), cache_salt="tito")
+
+    async def both(fleet, request):
+        replica = fleet.router.replicas[0]
+        completion, _ = await replica.complete(completion_payload(request, fleet.model, "tito"), {}, 120)
+        generate, _ = await replica.complete(generate_payload(request, fleet.model, "tito"), {}, 120, GENERATE_PATH)
+        return parse_choice(completion), parse_choice(generate)
+
+    async def body(fleet):
+        first = await both(fleet, seeded)
+        stop_at = first[0][0][3]
+        stopped = dataclasses.replace(seeded, sampling=dataclasses.replace(seeded.sampling, stop_token_ids=(stop_at,)))
+        return first, await both(fleet, stopped)
+
+    (completion, generate), (stopped_c, stopped_g) = run_with_fleet(fleet_config, body)
+    ids, logprobs, reason, routed = generate
+    assert ids == completion[0] and len(ids) == 16 and reason == completion[2] == "length" and routed is None
+    np.testing.assert_allclose(logprobs, completion[1], atol=1e-5)
+    assert stopped_g[0] == stopped_c[0] and stopped_g[2] == stopped_c[2] == "stop" and len(stopped_g[0]) <= 4
