@@ -6,8 +6,8 @@ import torch
 import torch.distributed as dist
 
 from megatron_rl.algorithms.config import AlgorithmConfig
-from megatron_rl.algorithms.kl import k3
 from megatron_rl.algorithms.loss import policy_update_loss
+from megatron_rl.algorithms.mismatch import rollout_mismatch
 from megatron_rl.contracts import TrainingBatch
 from parallel.batching import micro_batches
 from parallel.device import device
@@ -47,11 +47,8 @@ def _micro_batch_loss(mb: MicroBatch, logits, algo: AlgorithmConfig, tp_group, s
         ref_log_probs=t["ref_logprobs"],
         entropy=ent if algo.entropy_coeff > 0 else None,
     )
-    live = mask.sum().clamp(min=1)
-    metrics["policy/entropy"] = (ent.detach() * mask).sum() / live
-    metrics["policy/rollout_train_logprob_abs_diff"] = ((logp.detach() - t["rollout_logprobs"]).abs() * mask).sum() / live
-    # KL(trainer || sampler) on the sampled tokens (k3), the train-inference mismatch the R3 and TIS papers report
-    metrics["policy/rollout_train_k3_kl"] = (k3(logp.detach(), t["rollout_logprobs"]) * mask).sum() / live
+    metrics["policy/entropy"] = (ent.detach() * mask).sum() / mask.sum().clamp(min=1)
+    metrics.update(rollout_mismatch(logp.detach(), t["rollout_logprobs"], mask))
     metrics["perf/loss_tokens"] = mask.sum()
     weighted = {k: v.detach().float() * share for k, v in metrics.items() if k != "perf/loss_tokens"}
     weighted["perf/loss_tokens"] = metrics["perf/loss_tokens"]

@@ -54,6 +54,7 @@ def test_moe_recipe_trains_with_expert_parallel_and_r3(tmp_path):
     # vLLM serves the trainer's weights: its log-probs of the sampled tokens equal the trainer's (1.7e-7;
     # 0.036 when the CPU MoE experts were reloaded without vLLM's prepacking, see vllm_receiver).
     assert all(m["policy/rollout_train_logprob_abs_diff"] < 1e-4 for m in steps), steps
+    assert all(m["policy/rollout_train_ratio_beyond_2x"] == 0 for m in steps), steps
 
 
 def _wait_for_checkpoint(folder: Path, step: int, proc, timeout: float = 1200) -> None:
