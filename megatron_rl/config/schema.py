@@ -36,9 +36,17 @@ class TrainConfig:
     sft: SFTConfig = field(default_factory=SFTConfig)
 
     def __post_init__(self) -> None:
-        if self.algorithm.routing_replay.mode.value == "r2":
+        algo = self.algorithm
+        if algo.routing_replay.mode.value == "r2" and _optimizer_steps_per_batch(algo, self.data.train_batch_size) < 2:
             raise ValueError(
-                "algorithm.routing_replay.mode=r2: R2 replays the routing of an old-log-prob pass made "
-                "before several optimizer steps; the schedule takes one step per batch from those same "
-                "weights, so R2 would equal free routing. Use r3 (replay the sampler's experts) or none."
+                "algorithm.routing_replay.mode=r2: R2 replays the routing of the old-log-prob pass to the "
+                f"optimizer steps of one batch, and algorithm.ppo_mini_batch_size={algo.ppo_mini_batch_size} with "
+                f"ppo_epochs={algo.ppo_epochs} takes one step per batch of data.train_batch_size="
+                f"{self.data.train_batch_size} groups, so R2 would equal free routing. Set ppo_mini_batch_size "
+                "below train_batch_size or ppo_epochs > 1, or use r3 (replay the sampler's experts)."
             )
+
+
+def _optimizer_steps_per_batch(algo: AlgorithmConfig, groups: int) -> int:
+    mini = algo.ppo_mini_batch_size or groups
+    return -(-groups // mini) * algo.ppo_epochs

@@ -4,7 +4,8 @@
 With one step per batch the update's own detached log-probs are the old ones (exact, one forward
 cheaper). With more, the old policy is fixed before the first step: a separate log-prob pass with the
 batch's starting weights (``old_logprobs=trainer``) or the sampler's log-probs (``rollout``), so that
-later mini-batches see a ratio away from 1 and clipping acts on real policy lag.
+later mini-batches see a ratio away from 1 and clipping acts on real policy lag. R2 (routing replay of
+that pass) records the pass's experts and every step replays them.
 """
 
 from __future__ import annotations
@@ -25,14 +26,26 @@ def mini_batches(batch: TrainingBatch, groups_per_step: int) -> list[list[int]]:
     return [sum(groups[i : i + size], []) for i in range(0, len(groups), size)]
 
 
+def _fix_old_policy(policy, batch: TrainingBatch, algo: AlgorithmConfig) -> None:
+    """The old log-probs of a multi-step update and, with R2, the experts every step replays: those the
+    batch's starting weights route to (recorded in the old-log-prob pass), so a later mini-batch's ratio
+    measures the policy's change through the same experts rather than a change of experts."""
+    r2 = algo.routing_replay.mode.value == "r2"
+    if algo.old_logprobs == "rollout" and not r2:
+        batch.old_logprobs = batch.rollout_logprobs
+        return
+    logp, _, routed = policy.compute_logprobs(batch, record_routing=r2)
+    batch.old_logprobs = logp.float() if algo.old_logprobs == "trainer" else batch.rollout_logprobs
+    if r2:
+        batch.routed_experts = routed
+
+
 def update_policy(policy, batch: TrainingBatch, algo: AlgorithmConfig) -> dict[str, float]:
     """Every optimizer step of the batch; per-step metrics are averaged, ``policy/*_last`` keep the last."""
     parts = mini_batches(batch, algo.ppo_mini_batch_size)
     steps = len(parts) * algo.ppo_epochs
     if steps > 1:
-        batch.old_logprobs = (
-            policy.compute_logprobs(batch)[0].float() if algo.old_logprobs == "trainer" else batch.rollout_logprobs
-        )
+        _fix_old_policy(policy, batch, algo)
     per_step = [policy.train_step(batch.select(rows) if len(parts) > 1 else batch)
                 for _ in range(algo.ppo_epochs) for rows in parts]
     metrics = {k: sum(m[k] for m in per_step) / steps for k in per_step[0]}

@@ -1,4 +1,5 @@
-"""PPO mini-batches on a real megatron-core rank: later mini-batches see a ratio away from 1 and clip."""
+"""PPO mini-batches on a real megatron-core rank: later mini-batches see a ratio away from 1 and clip;
+with R2 every mini-batch replays the experts the batch's starting weights chose."""
 
 from __future__ import annotations
 
@@ -29,21 +30,27 @@ def _batch():
     )
 
 
-def _update(hf_dir: str, mini_batch_groups: int, port: int) -> dict:
+def _update(hf_dir: str, mini_batch_groups: int, replay: str, port: int) -> dict:
     from parallel import cpu_compat
 
     cpu_compat.enable()
+    from correction.routing_replay import RoutingReplayConfig
     from megatron_rl.algorithms.config import AlgorithmConfig
     from megatron_rl.schedules.ppo_update import update_policy
     from parallel.config import OptimizerConfig, TrainerConfig
     from parallel.policy import MegatronPolicy
 
-    algo = AlgorithmConfig(ppo_mini_batch_size=mini_batch_groups)
+    algo = AlgorithmConfig(ppo_mini_batch_size=mini_batch_groups, routing_replay=RoutingReplayConfig(mode=replay))
     cfg = TrainerConfig(num_ranks=1, optimizer=OptimizerConfig(lr=1e-2, clip_grad=1.0))
     policy = MegatronPolicy(hf_dir, cfg, algo, 0, 1, f"tcp://127.0.0.1:{port}")
     batch = _batch()
-    batch.rollout_logprobs = policy.compute_logprobs(batch)[0].float() * batch.loss_mask  # sampled by these weights
-    return update_policy(policy, batch, algo)
+    # sampled by these weights; an R2 policy replays unless asked to record, so route freely by recording
+    logp, _, start = policy.compute_logprobs(batch, record_routing=replay == "r2")
+    batch.rollout_logprobs = logp.float() * batch.loss_mask
+    metrics = update_policy(policy, batch, algo)
+    if start is not None:  # what the update replayed: the starting weights' experts, row by row
+        metrics["replayed_the_start"] = all(torch.equal(a.indices, b.indices) for a, b in zip(start, batch.routed_experts))
+    return metrics
 
 
 def _in_fresh_process(*args) -> dict:
@@ -60,12 +67,24 @@ def unit_model() -> str:
     return str(make_tiny_model("qwen3", size="unit", seed=0))
 
 
+@pytest.fixture(scope="module")
+def unit_moe_model() -> str:
+    return str(make_tiny_model("qwen3_moe", size="unit", seed=0))
+
+
 def test_four_mini_batches_clip_and_one_does_not(unit_model):
-    four = _in_fresh_process(unit_model, 1)
+    four = _in_fresh_process(unit_model, 1, "none")
     assert four["policy/optimizer_steps"] == 4
     # The first mini-batch starts at the old weights (ratio 1); the next three do not.
     assert four["policy/ppo_clip_ratio_max"] > 0, four
     assert four["policy/ppo_kl_last"] != 0
-    one = _in_fresh_process(unit_model, 0)
+    one = _in_fresh_process(unit_model, 0, "none")
     assert one["policy/optimizer_steps"] == 1
     assert one["policy/ppo_clip_ratio"] == 0 and one["policy/ppo_kl"] == pytest.approx(0, abs=1e-6)
+
+
+def test_r2_replays_the_starting_experts_in_every_mini_batch(unit_moe_model):
+    # Without the old-log-prob pass's record the R2 steps would be refused (a batch with no routed experts).
+    four = _in_fresh_process(unit_moe_model, 1, "r2")
+    assert four["policy/optimizer_steps"] == 4 and four["replayed_the_start"] is True
+    assert four["policy/ppo_clip_ratio_max"] > 0, four

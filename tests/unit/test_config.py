@@ -33,7 +33,9 @@ def test_overrides_reach_nested_dataclasses():
         (["algorithm.policy_loss_type=ppo"], "algorithm.policy_loss_type.*regular"),
         (["recipe=no_such_recipe"], "recipe=no_such_recipe.*tiny_cpu"),
         (["run.seed"], "expected key=value"),
-        (["algorithm.routing_replay.mode=r2"], "routing_replay.mode=r2.*r3"),
+        (["algorithm.routing_replay.mode=r2"], "routing_replay.mode=r2.*one step per batch.*r3"),
+        (["algorithm.routing_replay.mode=r2", "data.train_batch_size=4", "algorithm.ppo_mini_batch_size=4"],
+         "routing_replay.mode=r2.*ppo_mini_batch_size=4"),
         (["trainer.recompute.granularity=layer"], "trainer.recompute.granularity.*full, selective"),
         (["trainer.recompute.modules=[moe_act]"], "trainer.recompute.modules.*use moe"),
         (["trainer.recompute.num_layers=0"], "trainer.recompute.num_layers"),
@@ -44,6 +46,12 @@ def test_overrides_reach_nested_dataclasses():
 def test_bad_input_names_the_key(words, needle):
     with pytest.raises(ValueError, match=needle):
         load_config(words)
+
+
+@pytest.mark.parametrize("words", [["algorithm.ppo_mini_batch_size=4"], ["algorithm.ppo_epochs=2"]])
+def test_r2_is_accepted_where_a_batch_takes_several_optimizer_steps(words):
+    cfg = load_config(["recipe=tiny_moe_cpu", "algorithm.routing_replay.mode=r2", "data.train_batch_size=8", *words])
+    assert cfg.algorithm.routing_replay.mode.value == "r2"
 
 
 def test_a_recipe_file_with_an_unknown_key_is_refused(tmp_path):
