@@ -19,16 +19,18 @@ os.environ.setdefault("TINKER_API_KEY", "tml-local-test")  # the SDK insists on 
 
 class Service:
     def __init__(self, model: Path, out: Path):
-        self.model, self.out, self.proc, self.url = model, out, None, None
+        self.model, self.out, self.proc = model, out, None
+        # one address for the fixture's life: clients made before a restart() reach the restarted service
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        port = free_port()
+        port = self.port
         self.log = open(self.out / f"serve-{port}.log", "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "megatron_rl.cli", "serve-training", f"model={self.model}",
              f"run.output_dir={self.out}", "run.name=tinker", "--port", str(port), "--lora-as-full-finetune"],
             stdout=self.log, stderr=subprocess.STDOUT, text=True)
-        self.url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 400
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, (self.out / f"serve-{port}.log").read_text()[-4000:]
@@ -68,7 +70,9 @@ def sdk(service):
 
     client = tinker.ServiceClient(base_url=service.url)
     yield client
-    client.close("success").result()  # else its session's heartbeat thread outlives the service and logs connection errors
+    # else its session's heartbeat thread outlives the service and logs connection errors; bounded, because the
+    # SDK retries a finish it cannot deliver for ever (it hung CI's teardown when restart() moved the port)
+    client.close("success").result(timeout=60)
 
 
 @pytest.fixture(scope="package")
