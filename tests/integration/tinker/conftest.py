@@ -26,7 +26,7 @@ class Service:
 
     def start(self) -> None:
         port = self.port
-        self.log = open(self.out / f"serve-{port}.log", "w")
+        self.log = open(self.out / f"serve-{port}.log", "a")  # a restart appends to the same port's log
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "megatron_rl.cli", "serve-training", f"model={self.model}",
              f"run.output_dir={self.out}", "run.name=tinker", "--port", str(port), "--lora-as-full-finetune"],
@@ -39,15 +39,21 @@ class Service:
                 return
             except OSError:
                 time.sleep(2)
+        self._halt()  # a failed setup has no teardown: leave nothing running
         raise TimeoutError(f"serve-training did not answer within 400 s; log: {self.log.name}")
 
     def stop(self) -> None:
+        assert self._halt() == 0, Path(self.log.name).read_text()[-4000:]
+
+    def _halt(self) -> int | None:
+        """Ctrl-C (the service stops its servers and Ray), a kill after 60 s; the exit code."""
         self.proc.send_signal(signal.SIGINT)
         try:
-            assert self.proc.wait(timeout=60) == 0, Path(self.log.name).read_text()[-4000:]
+            return self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return None
         finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
             self.log.close()
 
     def restart(self) -> None:
