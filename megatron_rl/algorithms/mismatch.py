@@ -15,9 +15,9 @@ def rollout_mismatch(logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch
     |difference|, KL(trainer || sampler) by k3 (what the R3 and TIS papers report) and the share of tokens
     whose probability differs by more than 2x either way (|difference| > ln 2)."""
     live = mask.sum().clamp(min=1)
-    diff = logp - rollout_logp
+    gap = (logp - rollout_logp).abs()
     return {
-        "policy/rollout_train_logprob_abs_diff": (diff.abs() * mask).sum() / live,
+        "policy/rollout_train_logprob_abs_diff": (gap * mask).sum() / live,
         "policy/rollout_train_k3_kl": (k3(logp, rollout_logp) * mask).sum() / live,
-        "policy/rollout_train_ratio_beyond_2x": ((diff.abs() > math.log(2)) * mask).sum() / live,
+        "policy/rollout_train_ratio_beyond_2x": ((gap > math.log(2)) * mask).sum() / live,
     }

@@ -110,18 +110,19 @@ class InferenceFleet:
         version = self.weight_version
         salt = request.cache_salt or (f"weights-{version}" if version is not None else None)
         native = request.return_routed_experts and self.config.server.routed_experts == "native"
+        hooks = request.return_routed_experts and not native
         if native:
             payload, path = generate_payload(request, self.model, salt), GENERATE_PATH
         else:
             payload, path = completion_payload(request, self.model, salt), COMPLETIONS_PATH
-        if request.return_routed_experts and not native:
+        if hooks:
             await self._capture_routes()
         async with self._slots:
             body, replica, attempts, latency = await self.router.send(payload, request.session_id, path)
         token_ids, logprobs, reason, experts = parse_choice(body)
         result = GenerationResult(token_ids, logprobs, reason, replica.url, version, routed_experts=experts,
                                   attempts=attempts, latency_s=latency)
-        if request.return_routed_experts and not native and experts is None:
+        if hooks and experts is None:
             await self._attach_captured_routes(replica, body["id"], result)
         return result
 
