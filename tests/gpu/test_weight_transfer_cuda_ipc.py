@@ -42,13 +42,14 @@ class GpuWeights:
 
     def __init__(self, specs: list[TensorSpec]):
         self.specs, self.tensors = specs, None
+        self.values = {s.name: 0.01 * (i % 7) for i, s in enumerate(specs)}  # each tensor is this one value
 
     def __call__(self, rank: int, version: int):
         from parallel.weights.hf_export import ExportedTensors
 
         if self.tensors is None:
-            self.tensors = {s.name: torch.full(s.shape, 0.01 * (i % 7), dtype=torch.bfloat16, device="cuda")
-                            for i, s in enumerate(self.specs)}
+            self.tensors = {s.name: torch.full(s.shape, self.values[s.name], dtype=torch.bfloat16, device="cuda")
+                            for s in self.specs}
         return ExportedTensors(iter(self.tensors.items()), static_key=lambda: ("GpuWeights", rank))
 
 
@@ -95,7 +96,8 @@ def test_cuda_ipc_bandwidth_against_device_copy(size):
     specs = _specs(*SIZES[size])
     plan = TransferPlan.build(specs, TrainerLayout(num_layers=SIZES[size][0]), 1 << 30)
     session = new_session(WeightTransferConfig(transport={"type": "cuda_ipc"}, timeout_s=120), plan, 1)
-    senders = LocalSenders(plan, GpuWeights(specs), device="cuda")
+    weights = GpuWeights(specs)
+    senders = LocalSenders(plan, weights, device="cuda")
     senders.connect(session)
     receiver = make_receiver(session, 1, torch.device("cuda"))
     dest = {b.index: torch.empty(b.nbytes, dtype=torch.uint8, device="cuda") for b in plan.buckets}
@@ -111,11 +113,10 @@ def test_cuda_ipc_bandwidth_against_device_copy(size):
     print(f"\ncuda_ipc {size}: {plan.nbytes / 1e9:.2f} GB, {len(plan.buckets)} buckets; handoff (pack + checksum + "
           f"publish, receiver maps) {gbps:.0f} GB/s = {gbps / base:.0%} of a D2D copy ({base:.0f} GB/s of bytes "
           f"copied); with the receiver's copy-out {loaded:.0f} GB/s = {loaded / base:.0%}")
-    fill = {spec.name: 0.01 * (i % 7) for i, spec in enumerate(specs)}  # GpuWeights' values
     for bucket in plan.buckets:  # the last copy-out holds every tensor's bytes where its slot lies
         for slot in bucket.slots:
             got = dest[bucket.index][slot.offset:slot.offset + slot.nbytes].view(torch.bfloat16)
-            assert torch.equal(got, torch.full_like(got, fill[slot.name])), slot.name
+            assert torch.equal(got, torch.full_like(got, weights.values[slot.name])), slot.name
 
 
 @pytest.mark.parametrize("load", ["reload", "direct"])
