@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import os
 import time
 
 import aiohttp
@@ -70,6 +71,28 @@ async def settled(streams: list[Stream], quiet_s: float = 1.5, limit_s: float = 
             return counts
         assert time.monotonic() < deadline, f"tokens kept arriving for {limit_s} s while paused: {counts}"
         await asyncio.sleep(0.05)
+
+
+def test_each_cpu_server_runs_whole_on_its_own_core(servers):
+    """The pause tests below need streams that arrive as they are sampled; that holds only when an engine
+    core's busy-wait cannot take the API servers' CPU (server_process.py has the measurements)."""
+    cores = sorted(os.sched_getaffinity(0))
+    seen = []
+    for i, server in enumerate(servers.servers):
+        group = [int(p) for p in os.listdir("/proc") if p.isdigit() and _group_of(int(p)) == server.process.pid]
+        names = {open(f"/proc/{p}/comm").read().strip() for p in group}
+        assert {"VLLM::EngineCor", "VLLM::Worker"} <= names, names
+        affinities = {frozenset(os.sched_getaffinity(p)) for p in group}
+        assert affinities == {frozenset({cores[i % len(cores)]})}, (names, affinities)
+        seen.append(affinities)
+    assert seen[0] != seen[1], "the two servers share a core"
+
+
+def _group_of(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
 
 
 def test_pause_keep_freezes_requests_and_resume_completes_them_intact(fleet_config):
