@@ -58,9 +58,8 @@ async def run_sft(c: Components, sampler: PromptSampler) -> tuple[dict[str, floa
         advantages = [[1.0] * len(t.response_ids) for t in demos]
         batch = TrainingBatch.from_trajectories(demos, advantages, list(range(len(demos))), c.pad_token_id)
         out = c.policy.train_step(batch, loss, lr=cfg.lr)
-        for mismatch in ("policy/rollout_train_logprob_abs_diff", "policy/rollout_train_k3_kl"):
-            out.pop(mismatch, None)  # demonstrations carry no sampler log-probs
-        metrics = {f"sft/{k.split('/', 1)[-1]}": v for k, v in out.items()}
+        # demonstrations carry no sampler log-probs: no rollout/trainer mismatch to report
+        metrics = {f"sft/{k.split('/', 1)[-1]}": v for k, v in out.items() if not k.startswith("policy/rollout_train_")}
         metrics["sft/seconds"] = time.perf_counter() - start
         metrics["sft/steps"] = float(step + 1)
         progress.update()
