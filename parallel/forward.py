@@ -24,6 +24,9 @@ class MicroBatch:
     """Per-token ``[b, s]`` tensors (loss mask, advantages, ...), aligned with ``input_ids``."""
     routing: torch.Tensor | None = None
     """Experts to replay, ``[b, s, num_moe_layers, topk]``, or None to route freely."""
+    routed: torch.Tensor | None = None
+    """``[b, s]`` bool: the positions whose ``routing`` record counts in the disagreement metrics (not padding,
+    not a row's last token)."""
 
 
 def causal_mask(seq_len: int) -> torch.Tensor:

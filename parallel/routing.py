@@ -9,6 +9,13 @@ other micro-batches' forwards come between. Each forward therefore also queues i
 megatron's backward list, and after it the routers switch to ``REPLAY_BACKWARD``, which pops that
 list in order: backward passes run in forward order, so every recompute meets its own micro-batch's
 experts. Free-routed micro-batches (fillers) queue the experts they chose.
+
+While a forward replays, each router also computes the experts it would have chosen itself; the
+training pass reports how often that choice differs from the replayed one (``disagreement``). Under
+R3 that is the sampler/trainer router mismatch the R3 paper measures (~10% of routers, 94% of tokens
+differing in at least one layer on Qwen3-30B-A3B); under R2 it is the expert change since the
+old-log-prob pass, 0 in the first mini-batch and growing with each update (the GSPO paper's ~10% after
+one update).
 """
 
 from __future__ import annotations
@@ -35,6 +42,22 @@ class RoutingReplay:
         self.num_layers = gpt.config.num_layers if self.handles or gpt.config.num_moe_experts else 0
         self.num_experts = gpt.config.num_moe_experts or 0
         self.topk = gpt.config.moe_router_topk
+        self._own: dict[int, torch.Tensor] = {}  # MoE layer -> the router's own top-k in the replaying forward
+        self._differ: list[tuple[list[int], torch.Tensor, torch.Tensor]] = []  # (rows, differing layers, recorded)
+        for layer, handle in self.handles:
+            handle.get_replay_topk = self._observing(layer, handle)
+
+    def _observing(self, layer: int, handle):
+        """``handle``'s top-k, also keeping what the router chooses itself when it replays a forward."""
+        replay_topk = handle.get_replay_topk
+
+        def get_replay_topk(scores, topk, num_groups=None, group_topk=None, default_compute_topk=None):
+            if handle.router_replay_action == RouterReplayAction.REPLAY_FORWARD:
+                own = default_compute_topk(scores, topk, num_groups=num_groups, group_topk=group_topk)[1]
+                self._own[layer] = own.detach()
+            return replay_topk(scores, topk, num_groups, group_topk, default_compute_topk)
+
+        return get_replay_topk
 
     def _act(self, action) -> None:
         for _, handle in self.handles:
@@ -53,7 +76,15 @@ class RoutingReplay:
             handle.set_target_indices(seq_major[:, :, layer].reshape(-1, self.topk).contiguous())
 
     def replayed(self, mb: MicroBatch) -> None:
-        """After a forward: recomputes in backward replay the queued routing, in forward order."""
+        """After a forward: recomputes in backward replay the queued routing, in forward order; a replayed
+        micro-batch's count of MoE layers whose own choice differed, per token, is kept for ``disagreement``."""
+        if mb.routing is not None:
+            b, s = mb.input_ids.shape
+            differ = torch.zeros(b, s, dtype=torch.long)
+            for layer, _ in self.handles:
+                own = self._own.pop(layer).reshape(s, b, self.topk).transpose(0, 1).cpu()
+                differ += (own.sort(-1).values != mb.routing[:, :, layer].sort(-1).values).any(-1)
+            self._differ.append((mb.rows, differ, mb.routed))
         for _, handle in self.handles:
             if mb.routing is None:
                 handle.replay_backward_list.append(handle.get_recorded_indices())
@@ -71,8 +102,34 @@ class RoutingReplay:
             out[:, :, layer] = handle.get_recorded_indices().reshape(s, b, self.topk).transpose(0, 1).cpu()
         return out
 
+    def disagreement(self, batch, pg_collection) -> dict[str, float]:
+        """After a replayed training pass (collective over data- and pipeline-parallel ranks): the share of
+        recorded (token, MoE layer) pairs whose router chose other experts than it replayed
+        (``routing/disagreement``) and of tokens where that happened in at least one layer
+        (``routing/tokens_differing``)."""
+        rows, width = batch.input_ids.shape
+        differ = torch.zeros(rows, width, dtype=torch.long)
+        recorded = torch.zeros(rows, width, dtype=torch.long)
+        for mb_rows, count, mask in self._differ:
+            differ[mb_rows, : count.shape[1]] = count
+            recorded[mb_rows, : mask.shape[1]] = mask.long()
+        layers = torch.tensor([len(self.handles)])
+        for group, tensors in ((pg_collection.dp, (differ, recorded)), (pg_collection.pp, (differ, layers))):
+            if group.size() > 1:
+                for t in tensors:
+                    dist.all_reduce(t, group=group)
+        tokens = int(recorded.sum())
+        if not tokens or not int(layers):
+            return {}
+        return {
+            "routing/disagreement": float((differ * recorded).sum()) / (tokens * int(layers)),
+            "routing/tokens_differing": float(((differ > 0) & recorded.bool()).sum()) / tokens,
+        }
+
     def off(self) -> None:
         """Route freely again and drop held and queued indices."""
+        self._own.clear()
+        self._differ.clear()
         for _, handle in self.handles:
             handle.clear_indices()
             handle.clear_router_replay_action()

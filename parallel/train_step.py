@@ -70,7 +70,8 @@ def train_step(
 ) -> dict[str, float]:
     """Accumulate gradients over this rank's micro-batches, clip, step; metrics on the last stage.
 
-    With ``routing`` (a RoutingReplay), every micro-batch replays ``batch.routed_experts``.
+    With ``routing`` (a RoutingReplay), every micro-batch replays ``batch.routed_experts`` and the metrics
+    gain how often the routers' own choice differed (``RoutingReplay.disagreement``).
     """
     pgs = pg_collection
     model.train()
@@ -93,6 +94,7 @@ def train_step(
         per_mb = run_schedule(
             model, mbs, loss_fn, forward_only=False, before_forward=before, after_forward=after, pg_collection=pgs
         )
+        routed = routing.disagreement(batch, pgs) if routing is not None else {}
     finally:
         if routing is not None:
             routing.off()
@@ -106,4 +108,4 @@ def train_step(
     metrics["policy/lr"] = lr
     metrics["perf/tokens"] = float(batch.num_tokens)
     metrics["perf/micro_batches"] = float(len(mbs))
-    return metrics
+    return metrics | routed

@@ -49,7 +49,7 @@ def update_policy(policy, batch: TrainingBatch, algo: AlgorithmConfig) -> dict[s
     per_step = [policy.train_step(batch.select(rows) if len(parts) > 1 else batch)
                 for _ in range(algo.ppo_epochs) for rows in parts]
     metrics = {k: sum(m[k] for m in per_step) / steps for k in per_step[0]}
-    for key in ("policy/ppo_clip_ratio", "policy/ppo_kl"):
+    for key in ("policy/ppo_clip_ratio", "policy/ppo_kl", "routing/disagreement", "routing/tokens_differing"):
         if key in per_step[-1]:
             metrics[f"{key}_last"] = per_step[-1][key]
             metrics[f"{key}_max"] = max(m[key] for m in per_step)

@@ -88,3 +88,7 @@ def test_r2_replays_the_starting_experts_in_every_mini_batch(unit_moe_model):
     four = _in_fresh_process(unit_moe_model, 1, "r2")
     assert four["policy/optimizer_steps"] == 4 and four["replayed_the_start"] is True
     assert four["policy/ppo_clip_ratio_max"] > 0, four
+    # The routers' own choice moves away from the replayed start as the updates land (the GSPO paper's
+    # expert change after an update); the first mini-batch runs on the starting weights.
+    assert four["routing/disagreement_last"] > 0 and four["routing/tokens_differing_last"] > 0, four
+    assert four["routing/disagreement"] < four["routing/disagreement_last"], four

@@ -103,22 +103,41 @@ def _experts_used(policy):
     return used
 
 
+def _own_choice(policy):
+    """Hooks on every router that keep, as a routing map, the experts its own logits rank first, whatever
+    it dispatched to."""
+    from parallel.weights.placement import unwrap
+
+    chosen = []
+
+    def keep(router, inputs, _, n):
+        logits = torch.nn.functional.linear(inputs[0].float(), router.weight.float())
+        top = logits.reshape(-1, logits.shape[-1]).topk(router.topk, dim=-1).indices
+        chosen.append((n, torch.zeros_like(logits.reshape(-1, logits.shape[-1]), dtype=torch.bool).scatter_(-1, top, True)))
+
+    for layer in unwrap(policy.model).decoder.layers:
+        layer.mlp.router.register_forward_hook(lambda m, i, o, n=layer.layer_number - 1: keep(m, i, o, n))
+    return chosen
+
+
 def _as_sets(used, rows, width):
     """layer -> bool routing maps ``[b, s, E]`` from the router hooks of one forward."""
     return {n: rmap.reshape(width, rows, -1).transpose(0, 1) for n, rmap in used}
 
 
 def replay_rank(rank, world, init_method, hf_dir, cfg, algorithm, batch):
-    """R3/R2 checks on one rank: recorded experts, free routing after a router change, replayed routing."""
+    """R3/R2 checks on one rank: recorded experts, free routing after a router change, replayed routing, and
+    in the replayed training pass the routers' own choice."""
     enable_cpu()
     from parallel.policy import MegatronPolicy
     from parallel.weights.placement import unwrap
 
     policy = MegatronPolicy(hf_dir, cfg, algorithm, rank, world, init_method)
     _, _, recorded = policy.compute_logprobs(batch, record_routing=True)
-    with torch.no_grad():  # change every router: free routing now picks other experts
+    with torch.no_grad():  # change every router (the same way in any layout): free routing now picks other experts
         for layer in unwrap(policy.model).decoder.layers:
-            layer.mlp.router.weight.add_(torch.randn_like(layer.mlp.router.weight) * 0.5)
+            weight = layer.mlp.router.weight
+            weight.add_(torch.randn(weight.shape, generator=torch.Generator().manual_seed(layer.layer_number)) * 0.5)
     used = _experts_used(policy)
     free_batch = batch_with(batch, routed_experts=None)
     mode = policy.algorithm.routing_replay.mode
@@ -131,10 +150,11 @@ def replay_rank(rank, world, init_method, hf_dir, cfg, algorithm, batch):
     policy.compute_logprobs(replay_batch)
     replayed = list(used)
     used.clear()
+    own = _own_choice(policy)
     metrics = policy.train_step(replay_batch)
     trained = list(used)
     rows, width = batch.input_ids.shape
-    return recorded, [_as_sets(x, rows, width) for x in (free, replayed, trained)], metrics
+    return recorded, [_as_sets(x, rows, width) for x in (free, replayed, trained, own)], metrics
 
 
 def batch_with(batch, **changes):
