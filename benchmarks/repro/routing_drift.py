@@ -18,14 +18,15 @@ qwen3_30b_a3b keep; the scale of large-MoE RL rates), 1e-5, 1e-4 (tiny_cpu) and 
 
     python benchmarks/repro/routing_drift.py                  # tiny + larger shapes on CPU
     python benchmarks/repro/routing_drift.py --quick          # CI smoke: unit shape, few tokens
-    python benchmarks/repro/routing_drift.py --shapes gpu --device cuda   # a 1.3B MoE on one GPU (not yet run)
+    python benchmarks/repro/routing_drift.py --shapes gpu --device cuda   # a 1.3B MoE on one GPU, bfloat16
 
 Writes ``routing_drift.json`` and ``routing_drift.png`` (per-layer change, one panel per shape) to ``--out``.
 
 Measured (CPU, float32, 16 rows x 512 tokens, 2026-12-03; README "Reproductions"): after one update the
 tiny shape changes 0.05% / 0.20% / 1.06% / 4.74% of its experts at 1e-6 / 1e-5 / 1e-4 / 5e-4, the larger one
 (8 x 64, top-8) 0.31% / 2.11% / 15.1% / 45.0%; the control is 0 for both. GSPO's ~10% falls between 1e-5 and
-1e-4 on the larger shape. The 1.3B GPU shape is not measured yet.
+1e-4 on the larger shape. On one H200 (bfloat16, 2026-12-04) the 1.3B shape (24 x 64, top-8) changes 0.86% /
+1.62% / 33.8% / 63.1%, over a control of 0.63%: in bfloat16 two passes of the same weights already differ.
 """
 
 from __future__ import annotations
@@ -299,7 +300,8 @@ def table(results: list[dict]) -> str:
 
 
 def plot(results: list[dict], path: Path) -> None:
-    """Per-layer change after one update, a panel per shape, a line per rate, GSPO's ~10% dashed."""
+    """Per-layer change after one update, a panel per shape, a line per rate, the no-update control (the noise
+    floor: zero in float32 on CPU, not in bfloat16 on a GPU) in grey, GSPO's ~10% dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -309,6 +311,8 @@ def plot(results: list[dict], path: Path) -> None:
     for ax, r in zip(axes[0], results):
         for u in r["updates"]:
             ax.plot(range(len(u["per_layer"])), [100 * v for v in u["per_layer"]], marker="o", label=f"lr {u['lr']:g}")
+        control = r["updates"][0]["control"]["per_layer"]
+        ax.plot(range(len(control)), [100 * v for v in control], color="grey", marker=".", label="no update (control)")
         ax.axhline(100 * PUBLISHED["changed_experts"], color="k", ls="--", lw=1, label="GSPO, Qwen3-30B-A3B")
         ax.set_yscale("symlog", linthresh=0.1)
         ax.set_ylim(0, 100)
