@@ -128,8 +128,17 @@ def _launch(run: Run, args) -> Path:
     return folder
 
 
-def summarize(folder: Path, samples_per_step: int) -> dict:
+def samples_per_step(folder: Path) -> int:
+    """Trajectories one step trains: the run's own ``data.train_batch_size`` groups x samples per prompt."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(folder / "config.yaml")
+    return cfg.data.train_batch_size * cfg.generator.n_samples_per_prompt
+
+
+def summarize(folder: Path) -> dict:
     """Rates and fractions over the RL steps of one run's ``metrics.jsonl``."""
+    per_step = samples_per_step(folder)
     steps = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in steps if "reward/mean" in m]
     seconds = [m["timing/step"] for m in steps]
@@ -146,9 +155,9 @@ def summarize(folder: Path, samples_per_step: int) -> dict:
             if k.startswith("async/token_lag_hist/"):
                 lags[int(k.rsplit("/", 1)[1])] = lags.get(int(k.rsplit("/", 1)[1]), 0.0) + v
     return {
-        "samples_per_s": len(steps) * samples_per_step / total,
+        "samples_per_s": len(steps) * per_step / total,
         # without step 1: the pipeline fill (and the sampler's first-request compile) amortised in a long run
-        "steady_per_s": (len(steps) - 1) * samples_per_step / sum(seconds[1:]),
+        "steady_per_s": (len(steps) - 1) * per_step / sum(seconds[1:]),
         "trainer_idle": fraction("async/trainer_idle_fraction", lambda m: m.get("timing/generate", 0.0)),
         "sampler_idle": fraction("async/sampler_idle_fraction", lambda m: m["timing/step"] - m.get("timing/generate", 0.0)),
         "lags": lags or {0: 1.0},
@@ -223,11 +232,10 @@ def main() -> None:
     runs = [Run(s, k, seed) for seed in args.seeds for s in args.schedules
             for k in (args.staleness if s == "fully_async" else [0])]
     results: dict[str, list[dict]] = {}
-    samples_per_step = 16 * 8  # tiny_cpu: data.train_batch_size groups x generator.n_samples_per_prompt
     for run in runs:
         start = time.perf_counter()
         folder = _launch(run, args)
-        results.setdefault(run.label, []).append(summarize(folder, samples_per_step))
+        results.setdefault(run.label, []).append(summarize(folder))
         print(f"{run.name}: {time.perf_counter() - start:.0f} s", flush=True)
     report(results)
     plot(results, Path(args.plot or Path(args.out) / "reward_vs_time.png"))
