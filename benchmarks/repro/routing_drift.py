@@ -26,7 +26,8 @@ Measured (CPU, float32, 16 rows x 512 tokens, 2026-12-03; README "Reproductions"
 tiny shape changes 0.05% / 0.20% / 1.06% / 4.74% of its experts at 1e-6 / 1e-5 / 1e-4 / 5e-4, the larger one
 (8 x 64, top-8) 0.31% / 2.11% / 15.1% / 45.0%; the control is 0 for both. GSPO's ~10% falls between 1e-5 and
 1e-4 on the larger shape. On one H200 (bfloat16, 2026-12-04) the 1.3B shape (24 x 64, top-8) changes 0.86% /
-1.62% / 33.8% / 63.1%, over a control of 0.63%: in bfloat16 two passes of the same weights already differ.
+1.62% / 33.8% / 63.1%, over a control of 0.63%: there two passes of the same weights already differ (cause
+not isolated).
 """
 
 from __future__ import annotations
