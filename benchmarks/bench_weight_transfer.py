@@ -4,7 +4,12 @@ and reads when 1%, 5% and 100% of the tensors change; the pause window (generati
 transport with a real vLLM CPU engine (``--pause``); then an analytic projection for large MoE layouts
 next to published numbers.
 
+``--device cuda`` measures NIXL pulls of GPU memory instead: sender processes pack into registered buffers
+on the GPU, this process pulls into registered buffers on the same GPU (UCX between processes of one GPU),
+against device-to-device copies of the same buffers in the same run.
+
     python benchmarks/bench_weight_transfer.py --mb 512 --bucket-mb 64 --senders 2 --pause
+    python benchmarks/bench_weight_transfer.py --device cuda --mb 4096 --bucket-mb 256 --repeats 5
 """
 
 from __future__ import annotations
@@ -32,18 +37,19 @@ TENSOR_MB = 16
 
 
 class Synthetic:
-    """Weights for sender ranks: 16 MiB float32 tensors of random values, made once per process. Version v
-    gives the second set of values for every tensor when v is odd (``changing``: all of them change each
-    version, as a delta transport's worst case), else the first."""
+    """Weights for sender ranks: 16 MiB float32 tensors of random values on ``device``, made once per process.
+    Version v gives the second set of values for every tensor when v is odd (``changing``: all of them change
+    each version, as a delta transport's worst case), else the first."""
 
-    def __init__(self, mb: int, changing: bool = False):
-        self.mb, self.changing, self.sets = mb, changing, None
+    def __init__(self, mb: int, changing: bool = False, device: str = "cpu"):
+        self.mb, self.changing, self.device, self.sets = mb, changing, device, None
 
     def __call__(self, rank: int, version: int):
         if self.sets is None:
             gen = torch.Generator().manual_seed(0)
             names = _names(self.mb)
-            self.sets = [{n: torch.randn(TENSOR_MB << 18, generator=gen) for n in names} for _ in range(1 + self.changing)]
+            self.sets = [{n: torch.randn(TENSOR_MB << 18, generator=gen).to(self.device) for n in names}
+                         for _ in range(1 + self.changing)]
         return self.sets[version % 2 if self.changing else 0].items()
 
 
@@ -51,13 +57,25 @@ def _names(total_mb: int) -> list[str]:
     return [f"model.layers.{i}.mlp.up_proj.weight" for i in range(total_mb // TENSOR_MB)]
 
 
-def memcpy_gbps(nbytes: int, repeats: int = 3) -> float:
-    src, dst = torch.ones(nbytes, dtype=torch.uint8), torch.empty(nbytes, dtype=torch.uint8)
-    dst.copy_(src)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        dst.copy_(src)
-    return nbytes * repeats / (time.perf_counter() - start) / 1e9
+def _sync(device: str) -> None:
+    if device != "cpu":
+        torch.cuda.synchronize(device)
+
+
+def memcpy_gbps(nbytes: int, repeats: int = 3, device: str = "cpu", bucket_bytes: int | None = None) -> float:
+    """Bytes copied per second by ``copy_`` on ``device`` (on a GPU: device-to-device) over ``repeats``
+    copies after a warm-up, in ``bucket_bytes`` pieces when given (the transports move buckets)."""
+    piece = bucket_bytes or nbytes
+    src = [torch.ones(piece, dtype=torch.uint8, device=device) for _ in range(nbytes // piece)]
+    dst = [torch.empty_like(t) for t in src]
+    for rep in range(repeats + 1):
+        if rep == 1:
+            _sync(device)
+            start = time.perf_counter()
+        for d, t in zip(dst, src):
+            d.copy_(t)
+    _sync(device)
+    return piece * len(src) * repeats / (time.perf_counter() - start) / 1e9
 
 
 def transport_options(kind: str, root: str) -> dict:
@@ -65,18 +83,19 @@ def transport_options(kind: str, root: str) -> dict:
         kind, {"type": kind})
 
 
-def transport_gbps(kind: str, plan: TransferPlan, mb: int, repeats: int, root: str) -> float:
+def transport_gbps(kind: str, plan: TransferPlan, mb: int, repeats: int, root: str, device: str = "cpu") -> list[float]:
     """Sender processes send every bucket; this process receives and copies each into place (as a load does).
-    Every version changes every tensor (tensorstore_delta writes and reads all of it: its worst case)."""
+    Every version changes every tensor (tensorstore_delta writes and reads all of it: its worst case).
+    GB/s of each version after the first (which registers buffers and makes transfer handles)."""
     config = WeightTransferConfig(transport=transport_options(kind, root), timeout_s=120)
     session = new_session(config, plan, num_receivers=1)
-    senders = LocalSenders(plan, Synthetic(mb, changing=True))
+    senders = LocalSenders(plan, Synthetic(mb, changing=True, device=device), device=device)
     joined = {}
-    thread = threading.Thread(target=lambda: joined.update(r=make_receiver(session, 1, torch.device("cpu"))))
+    thread = threading.Thread(target=lambda: joined.update(r=make_receiver(session, 1, torch.device(device))))
     thread.start()
     senders.connect(session)
     thread.join()
-    dest = {b.index: torch.empty(b.nbytes, dtype=torch.uint8) for b in plan.buckets}
+    dest = {b.index: torch.empty(b.nbytes, dtype=torch.uint8, device=device) for b in plan.buckets}
     times = []
     try:
         for version in range(repeats + 1):
@@ -85,12 +104,13 @@ def transport_gbps(kind: str, plan: TransferPlan, mb: int, repeats: int, root: s
             sent.start()
             for bucket, flat in joined["r"].receive(version, plan.buckets):
                 dest[bucket.index].copy_(flat)
+            _sync(device)
             sent.join()
             times.append(time.perf_counter() - start)
             senders.release(version)
     finally:
         senders.disconnect()
-    return plan.nbytes / min(times[1:]) / 1e9
+    return [plan.nbytes / t / 1e9 for t in times[1:]]
 
 
 DELTA_CASES = (("1% of tensors", 0.01, 1.0), ("5% of tensors", 0.05, 1.0), ("100% of tensors", 1.0, 1.0),
@@ -273,22 +293,12 @@ def projections(links: Links, bucket_mb: int, storage_gbps: float, delta_ratio: 
               f"{len(plan.entries)} tensors built + JSON round trip in {plan_s:.1f} s of CPU")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mb", type=int, default=512, help="model size in MiB (CPU part)")
-    parser.add_argument("--bucket-mb", type=int, default=64)
-    parser.add_argument("--senders", type=int, default=2, help="sender ranks (TP ranks of one stage)")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--inter-node-gbps", type=float, default=400.0)
-    parser.add_argument("--intra-node-gbps", type=float, default=370.0)
-    parser.add_argument("--root", default=None, help="folder for tensorstore_delta (default: the temp folder)")
-    parser.add_argument("--pause", action="store_true", help="pause window per transport with a vLLM CPU engine")
-    parser.add_argument("--storage-gbps", type=float, default=10.0,
-                        help="shared storage read bandwidth per inference node, for the delta projection")
-    args = parser.parse_args()
-    specs = [TensorSpec(n, (TENSOR_MB << 18,), "float32") for n in _names(args.mb)]
-    plan = TransferPlan.build(specs, TrainerLayout(num_layers=len(specs), tp=args.senders), args.bucket_mb << 20,
-                              senders="spread")  # Synthetic yields every tensor on every rank
+def _spread(values: list[float]) -> str:
+    values = sorted(values)
+    return f"median {values[len(values) // 2]:6.2f} GB/s (min {values[0]:.2f}, max {values[-1]:.2f}, n={len(values)})"
+
+
+def cpu_transports(plan: TransferPlan, args) -> None:
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (numbers below share the machine)")
     base = memcpy_gbps(plan.nbytes)
     print(f"CPU: {plan.nbytes / 2**20:.0f} MiB in {len(plan.buckets)} buckets from {len(plan.senders)} sender "
@@ -296,7 +306,7 @@ def main() -> None:
     root = tempfile.mkdtemp(prefix="wt-bench-", dir=args.root)
     try:
         for kind in ("broadcast", "shared_memory", "nixl", "tensorstore_delta"):
-            gbps = transport_gbps(kind, plan, args.mb, args.repeats, root)
+            gbps = max(transport_gbps(kind, plan, args.mb, args.repeats, root))
             print(f"  {kind:17s} {gbps:6.2f} GB/s  = {gbps / base:.0%} of memcpy")
         print(f"load average {os.getloadavg()[0]:.1f}")
         ratio = delta_bytes(args.root)
@@ -307,6 +317,43 @@ def main() -> None:
     start = time.perf_counter()
     projections(Links(args.inter_node_gbps, args.intra_node_gbps), args.bucket_mb, args.storage_gbps, ratio)
     print(f"({len(CASES)} plans built and projected in {time.perf_counter() - start:.1f} s)")
+
+
+def gpu_pulls(plan: TransferPlan, args) -> None:
+    """NIXL between processes of one GPU: every version is packed by the senders (D2D into registered
+    buffers), pulled by this process (UCX, GPU to GPU) and copied into place, so the transport moves each
+    byte three times where the baseline copies it once."""
+    print(f"{torch.cuda.get_device_name()}: {plan.nbytes / 2**20:.0f} MiB in {len(plan.buckets)} buckets from "
+          f"{len(plan.senders)} sender processes to 1 receiver process, all on GPU 0")
+    copies = [memcpy_gbps(plan.nbytes, 1, "cuda", args.bucket_mb << 20) for _ in range(args.repeats)]
+    print(f"  D2D copy (bucket-sized)    {_spread(copies)}")
+    pulls = transport_gbps("nixl", plan, args.mb, args.repeats, tempfile.gettempdir(), "cuda")
+    print(f"  nixl pack + pull + place   {_spread(pulls)} = {sorted(pulls)[len(pulls) // 2] / sorted(copies)[len(copies) // 2]:.0%} "
+          "of D2D")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mb", type=int, default=512, help="model size in MiB")
+    parser.add_argument("--bucket-mb", type=int, default=64)
+    parser.add_argument("--senders", type=int, default=2, help="sender ranks (TP ranks of one stage)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--inter-node-gbps", type=float, default=400.0)
+    parser.add_argument("--intra-node-gbps", type=float, default=370.0)
+    parser.add_argument("--root", default=None, help="folder for tensorstore_delta (default: the temp folder)")
+    parser.add_argument("--pause", action="store_true", help="pause window per transport with a vLLM CPU engine")
+    parser.add_argument("--storage-gbps", type=float, default=10.0,
+                        help="shared storage read bandwidth per inference node, for the delta projection")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="cuda: NIXL pulls of GPU memory between processes of one GPU against D2D copies")
+    args = parser.parse_args()
+    specs = [TensorSpec(n, (TENSOR_MB << 18,), "float32") for n in _names(args.mb)]
+    plan = TransferPlan.build(specs, TrainerLayout(num_layers=len(specs), tp=args.senders), args.bucket_mb << 20,
+                              senders="spread")  # Synthetic yields every tensor on every rank
+    if args.device == "cuda":
+        gpu_pulls(plan, args)
+    else:
+        cpu_transports(plan, args)
 
 
 if __name__ == "__main__":

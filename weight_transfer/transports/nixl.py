@@ -16,7 +16,10 @@ sender that dies mid-pull shows as a failed transfer or a key that never comes: 
 the replica keeps its weights.
 
 On the CPU machines here two processes' agents moved 256 MiB at 1.3-2.4 GB/s (memcpy 2.8 GB/s in the
-same run, shared_memory-style UCX transports between processes of one host).
+same run, shared_memory-style UCX transports between processes of one host). On an H200 the UCX inside the
+nixl-cu12 1.5.1 wheel refused to register GPU memory ("VRAM memory is detected as host by UCX. UCX is likely
+not configured with CUDA/ROCm support"): GPU pulls need a NIXL whose UCX has CUDA support; with the wheel this
+transport says so when it registers its first GPU buffer.
 """
 
 from __future__ import annotations
@@ -64,8 +67,18 @@ def _registered(role: str, plan: str, bucket: Bucket, device: torch.device) -> t
     if flat is None or flat.numel() != bucket.nbytes or flat.device != device:
         if flat is not None:
             agent.deregister_memory(agent.get_reg_descs([flat]))
-        flat = _REGISTERED[key] = torch.zeros(bucket.nbytes, dtype=torch.uint8, device=device)
-        agent.register_memory([flat])
+        flat = torch.zeros(bucket.nbytes, dtype=torch.uint8, device=device)
+        try:
+            agent.register_memory([flat])
+        except Exception as err:  # nixl's own error types; the UCX log line above it says why
+            if not flat.is_cuda:
+                raise
+            raise TransportError(
+                f"nixl: UCX could not register GPU memory ({type(err).__name__}: {err}). The nixl-cu12 wheel's "
+                "UCX is built without CUDA (seen on an H200: 'VRAM memory is detected as host'): GPU pulls need "
+                "a NIXL whose UCX has CUDA support; else set weight_transfer.transport.type=cuda_ipc (same GPU) "
+                "or broadcast (other GPUs)") from err
+        _REGISTERED[key] = flat
         REGISTRATIONS[role] += 1
     return flat
 
