@@ -180,6 +180,10 @@ class WeightTransferConfig:
     MoE, on CUDA) or auto (direct where it is valid, else reload)."""
     max_retries: int = 2
     """Attempts after the first for a replica whose transfer failed before it is quarantined."""
+    rejoin_wait_s: float = 0.0
+    """Before a retry, how long to wait for a replica of the failed attempt that stopped answering (a
+    supervisor restarting its server at the same address); 0 retries at once, and a replica still down then
+    counts another failure. Managed servers are not restarted: leave it at 0 unless something restarts them."""
     timeout_s: float = 300.0
     """Time limit of one transport operation (rendezvous, one bucket) before it counts as failed."""
 
@@ -198,6 +202,8 @@ class WeightTransferConfig:
             raise ValueError(f"weight_transfer.max_retries={self.max_retries}: must be >= 0")
         if self.timeout_s <= 0:
             raise ValueError(f"weight_transfer.timeout_s={self.timeout_s}: must be positive")
+        if self.rejoin_wait_s < 0:
+            raise ValueError(f"weight_transfer.rejoin_wait_s={self.rejoin_wait_s}: must be >= 0 (0: retry at once)")
 
     @property
     def resolved_transport(self) -> TransportConfig:

@@ -1,7 +1,11 @@
 """The update protocol, loop side: connect → receive (senders push while replicas stage; where the send
 alone leaves the buckets in the replicas' reach, as CUDA IPC does, the replicas stage at finish) → pause →
 finish (verify, load, report version) → resume. Failed replicas are retried on a fresh session, then quarantined;
-the fleet resumes only when every replica still serving reports the new version."""
+the fleet resumes only when every replica still serving reports the new version.
+
+A replica that restarts (its process dies and a supervisor starts it again at the same address) comes back
+with the checkpoint's weights and no plan or session: a retry waits up to ``rejoin_wait_s`` for it to answer,
+sends it the plan again (its workers report none) and brings it to the version of the update, whole."""
 
 from __future__ import annotations
 
@@ -69,7 +73,6 @@ class WeightTransferCoordinator:
         self.config, self.replicas, self.senders = config, list(replicas), senders
         self.versions: dict[str, int | None] = {r.name: None for r in replicas}
         self.quarantined: dict[str, str] = {}
-        self._plan_sent: dict[str, str] = {}
         self._session_targets: list[str] | None = None
         self.set_plan(plan)
 
@@ -104,11 +107,25 @@ class WeightTransferCoordinator:
                 # every replica holds whole weights (a failed finish loads nothing): serve them; a dead one stays down
                 _run_all([(lambda r=r: r.resume()) for r in self._live()])
                 raise
+            self._await_rejoin([r for r in self._live() if r.name in attempt.errors])
         self._resume(version)
         pause_s = time.perf_counter() - pause_start if pause_start else 0.0
         if attempt is not None:
             self._release(version, attempt)  # once the replicas serve again: outside the pause window
         return self._metrics(start, pause_s, retries, stats)
+
+    def _await_rejoin(self, failed: list[Replica]) -> None:
+        """Wait up to ``rejoin_wait_s`` for every replica in ``failed`` that does not answer (restarting)."""
+        if self.config.rejoin_wait_s <= 0:
+            return
+        deadline = time.monotonic() + self.config.rejoin_wait_s
+        down = [r for r in failed if not r.healthy()]
+        if down:
+            log.warning("weight_transfer: waiting up to weight_transfer.rejoin_wait_s=%s s for %s to answer again",
+                        self.config.rejoin_wait_s, [r.name for r in down])
+        while down and time.monotonic() < deadline:
+            time.sleep(0.5)
+            down = [r for r in down if not r.healthy()]
 
     def _release(self, version: int, attempt: _Attempt) -> None:
         if attempt.finished:
@@ -153,9 +170,8 @@ class WeightTransferCoordinator:
                                      "use weight_transfer.load=auto (direct where valid) or reload")
                 log.info("weight_transfer: replica %s loads by %s", replica.name, sorted({d["load"] for d in described}))
                 workers[replica.name] = len(described)
-                if self._plan_sent.get(replica.name) != self.plan.fingerprint:
+                if any(d["plan"] != self.plan.fingerprint for d in described):  # new plan, or a restarted replica
                     replica.call("wt_set_plan", {"plan": self.plan.to_json()}, self.config.timeout_s)
-                    self._plan_sent[replica.name] = self.plan.fingerprint
             except ReplicaDown as err:
                 result.fail(replica, str(err))
         targets = [r for r in targets if r.name in workers]

@@ -73,6 +73,8 @@ class WeightReceiver:
         plan = getattr(self, "_wt_plan", None)
         if plan is None or plan.fingerprint != msg["plan"]:
             return f"stale plan: have {plan and plan.fingerprint}, update uses {msg['plan']}"
+        if getattr(self, "_wt_transport", None) is None:
+            return "in no transfer session (the replica restarted after the session began?)"
         try:
             for bucket, flat in self._wt_transport.receive(msg["version"], plan.buckets):
                 self._wt_staged.append((bucket, flat))

@@ -1,7 +1,8 @@
 """nixl between processes: TP=2 trainer ranks (processes, NIXL agents over UCX in DRAM) -> 2 vLLM CPU
 replicas whose workers pull every bucket from the rank that owns it; afterwards vLLM's log-probs equal
 transformers' with the new weights (dense; MoE on one replica). A trainer rank that dies mid-update leaves
-every replica on its old weights, and the next update lands."""
+every replica on its old weights, and the next update lands. A replica restarted mid-pull rejoins the same
+update on the new version."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ pytest.importorskip("nixl_cu12", reason="the rdma extra (nixl-cu12) is not insta
 from weight_transfer.config import WeightTransferConfig  # noqa: E402
 from weight_transfer.coordinator import WeightTransferCoordinator, WeightTransferError  # noqa: E402
 from weight_transfer.local_senders import LocalSenders  # noqa: E402
-from wt_helpers import PerturbedWeights, ReplicaFleet, max_diff  # noqa: E402
+from wt_helpers import PerturbedWeights, ReplicaFleet, max_diff, update_restarting  # noqa: E402
 
 CONFIG = WeightTransferConfig(transport={"type": "nixl"}, bucket_size_mb=1, timeout_s=30, max_retries=0)
 pytestmark = pytest.mark.timeout(900)
@@ -60,6 +61,22 @@ def test_a_trainer_rank_dying_mid_update_leaves_old_weights(dense, caplog):
     finally:
         healthy.disconnect()
     assert dense.versions([2, 3]) == {"r0": 3, "r1": 3}
+
+
+def test_a_replica_restarted_mid_pull_rejoins_on_the_new_version(dense, tmp_path, caplog):
+    started = tmp_path / "sending"
+    senders = LocalSenders(dense.plan, PerturbedWeights(dense.model, delay_s=0.15, started=str(started)))
+    config = WeightTransferConfig(transport={"type": "nixl"}, bucket_size_mb=1, timeout_s=30, max_retries=1,
+                                  rejoin_wait_s=300)
+    coordinator = WeightTransferCoordinator(config, dense.plan, dense.replicas, senders)
+    try:
+        with caplog.at_level(logging.WARNING, logger="weight_transfer"):
+            metrics = update_restarting(dense, coordinator, 4, started)
+    finally:
+        senders.disconnect()
+    assert "version 4 to replica r1 failed" in caplog.text and "rejoin_wait_s" in caplog.text, caplog.text[-2000:]
+    assert metrics["weight_transfer/retries"] == 1 and metrics["weight_transfer/quarantined"] == 0
+    assert dense.versions([0, 3, 4]) == {"r0": 4, "r1": 4}, "the restarted replica must serve the new version whole"
 
 
 def test_moe_pull_matches_transformers(tmp_path):

@@ -1,7 +1,9 @@
 """tensorstore_delta through a temporary folder: TP=2 trainer ranks (processes) write versions as deltas,
 2 vLLM CPU replicas fetch them before the pause and load them; afterwards vLLM's log-probs equal
 transformers' with the new weights (dense; MoE on one replica). A lost or damaged chunk fails the first
-attempt with every replica still on its old weights; the retry (written whole) brings both to the new one."""
+attempt with every replica still on its old weights; the retry (written whole) brings both to the new one.
+A replica restarted mid-fetch (back on the checkpoint, with no plan, session or base) rejoins the same update
+and ends on the new version, like the one that never stopped."""
 
 from __future__ import annotations
 
@@ -14,14 +16,15 @@ from weight_transfer.config import WeightTransferConfig
 from weight_transfer.coordinator import WeightTransferCoordinator
 from weight_transfer.local_senders import LocalSenders
 from weight_transfer.transports import tensorstore_delta as tsd
-from wt_helpers import PerturbedWeights, ReplicaFleet, corrupt_a_chunk, lose_a_chunk, max_diff, vllm_logprobs
+from wt_helpers import (PerturbedWeights, ReplicaFleet, corrupt_a_chunk, lose_a_chunk, max_diff, update_restarting,
+                        vllm_logprobs)
 
 pytestmark = pytest.mark.timeout(900)
 
 
-def _config(root, max_retries=0):
+def _config(root, max_retries=0, rejoin_wait_s=0.0):
     return WeightTransferConfig(transport={"type": "tensorstore_delta", "root": str(root), "chunk_kb": 64},
-                                bucket_size_mb=1, timeout_s=30, max_retries=max_retries)
+                                bucket_size_mb=1, timeout_s=30, max_retries=max_retries, rejoin_wait_s=rejoin_wait_s)
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +94,23 @@ def test_a_lost_or_damaged_chunk_leaves_old_weights_then_the_retry_lands(dense, 
         "a replica whose fetch failed must keep its old weights"
     assert dense.versions([start, start + 1]) == {"r0": start + 1, "r1": start + 1}
     assert all(m["full"] for m in _manifests(tmp_path, dense.plan, start + 1)), "the resent version is whole"
+
+
+def test_a_replica_restarted_mid_fetch_rejoins_on_the_new_version(dense, tmp_path, caplog):
+    started = tmp_path / "sending"
+    senders = LocalSenders(dense.plan, PerturbedWeights(dense.model, delay_s=0.15, started=str(started)))
+    coordinator = WeightTransferCoordinator(_config(tmp_path, max_retries=1, rejoin_wait_s=300), dense.plan,
+                                            dense.replicas, senders)
+    try:
+        assert coordinator.update(30)["weight_transfer/retries"] == 0
+        with caplog.at_level(logging.WARNING, logger="weight_transfer"):
+            metrics = update_restarting(dense, coordinator, 31, started)  # a delta: the restarted replica has no base
+    finally:
+        senders.disconnect()
+    assert "version 31 to replica r1 failed" in caplog.text and "rejoin_wait_s" in caplog.text, caplog.text[-2000:]
+    assert metrics["weight_transfer/retries"] == 1 and metrics["weight_transfer/quarantined"] == 0
+    assert coordinator.versions == {"r0": 31, "r1": 31}
+    assert dense.versions([0, 30, 31]) == {"r0": 31, "r1": 31}, "the restarted replica must serve the new version whole"
 
 
 def test_moe_delta_matches_transformers(tmp_path):

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import threading
+import time
 import zlib
 from pathlib import Path
 
@@ -141,6 +144,40 @@ class ReplicaFleet:
     def close(self):
         for llm in self.llms:
             close_llm(llm)
+
+
+def update_restarting(fleet: ReplicaFleet, coordinator, version: int, started: Path, index: int = 1,
+                      after_s: float = 1.0) -> dict:
+    """``coordinator.update(version)`` in a thread while this one SIGKILLs replica ``index``'s engine ``after_s``
+    after ``started`` appears (the senders began) and starts a new engine from the checkpoint behind the same
+    replica handle, as a supervisor restarting a server at its address would. Returns the update's metrics."""
+    replica = fleet.replicas[index]
+    pid = replica.call("wt_describe", {}, 30)[0]["pid"]
+    out: dict = {}
+
+    def run():
+        try:
+            out["metrics"] = coordinator.update(version)
+        except BaseException as err:  # re-raised below, in the test's thread
+            out["error"] = err
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 300
+    while not started.exists() and thread.is_alive():
+        assert time.monotonic() < deadline, "the senders never started"
+        time.sleep(0.05)
+    time.sleep(after_s)
+    assert thread.is_alive(), f"the update ended before the restart: {out}"
+    os.kill(pid, signal.SIGKILL)
+    dead = fleet.llms[index]
+    fleet.llms[index] = replica.llm = make_llm(fleet.model)  # vLLM starts engines from the main thread only
+    close_llm(dead)
+    thread.join(600)
+    assert not thread.is_alive(), "the update did not end within 600 s of the restart"
+    if "error" in out:
+        raise out["error"]
+    return out["metrics"]
 
 
 class FlipFirstSend:
