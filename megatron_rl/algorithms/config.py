@@ -120,6 +120,9 @@ class FilterConfig:
     """DAPO dynamic sampling: None, "filter" (drop) or "replace" (fill from extra groups)."""
     dynamic_sampling_target_groups: int = 0
     """Groups per batch that "replace" fills up to."""
+    dynamic_sampling_max_rounds: int = 10
+    """"replace": generation rounds per step at most (DAPO's ``max_num_gen_batches``); the step trains on the
+    groups it has after them."""
     overlong_filtering: bool = False
     """Mask truncated responses out of the loss."""
     overlong_buffer_len: int = 0
@@ -143,6 +146,7 @@ class FilterConfig:
                 f"{key}.dynamic_sampling_target_groups",
                 "must be > 0 with dynamic_sampling_type=replace",
             )
+        _require(self.dynamic_sampling_max_rounds >= 1, f"{key}.dynamic_sampling_max_rounds", "must be >= 1")
         _require(self.overlong_buffer_len >= 0, f"{key}.overlong_buffer_len", "must be >= 0")
         if self.overlong_buffer_len:
             _require(

@@ -37,6 +37,12 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         algo = self.algorithm
+        if algo.filters.dynamic_sampling_type == "replace" and self.schedule.type != "sync":
+            raise ValueError(
+                "algorithm.filters.dynamic_sampling_type=replace: only schedule.type=sync samples extra groups "
+                f"for a step; with schedule.type={self.schedule.type} set algorithm.filters.zero_variance_filter=true "
+                "instead (fully_async then keeps generating until data.train_batch_size groups vary)"
+            )
         if algo.routing_replay.mode.value == "r2" and _optimizer_steps_per_batch(algo, self.data.train_batch_size) < 2:
             raise ValueError(
                 "algorithm.routing_replay.mode=r2: R2 replays the routing of the old-log-prob pass to the "

@@ -15,7 +15,7 @@ from typing import Protocol
 import torch
 
 from megatron_rl.algorithms.config import AlgorithmConfig
-from megatron_rl.algorithms.filters import zero_variance_filter
+from megatron_rl.algorithms.filters import dynamic_sampling, zero_variance_filter
 from megatron_rl.algorithms.kl import kl_penalty_rewards
 from megatron_rl.algorithms.overlong import soft_overlong_penalty
 from megatron_rl.algorithms.registry import ADVANTAGE_ESTIMATORS
@@ -82,8 +82,11 @@ def to_training_batch(
         last = torch.tensor([len(t.response_ids) - 1 for t in trajectories])
         rewards[torch.arange(len(trajectories)), last] += torch.where(mask.any(-1), penalty, 0.0)
         metrics.update({k: float(v) for k, v in m.items()})
-    if config.filters.zero_variance_filter:
-        keep, filter_metrics = zero_variance_filter(rewards, group_ids, mask, config.filters.zero_variance_tol)
+    if filters.dynamic_sampling_type:
+        keep, filter_metrics = dynamic_sampling(rewards, group_ids, mask, filters)
+        metrics.update({k: float(v) for k, v in filter_metrics.items()})
+    elif filters.zero_variance_filter:
+        keep, filter_metrics = zero_variance_filter(rewards, group_ids, mask, filters.zero_variance_tol)
         metrics.update({k: float(v) for k, v in filter_metrics.items()})
     else:
         keep = mask.any(-1)

@@ -11,13 +11,13 @@ one condition wakes producer and trainer on every change.
 from __future__ import annotations
 
 import asyncio
-import statistics
 import time
 from dataclasses import dataclass
 
 from megatron_rl.contracts import FAILED, GeneratorInput, GeneratorOutput, PromptItem
 from megatron_rl.schedules.admission import AdmissionController
 from megatron_rl.schedules.components import Components
+from megatron_rl.schedules.dynamic_sampling import has_signal
 
 
 @dataclass
@@ -121,12 +121,10 @@ class GroupPool:
             self.changed.notify_all()
 
     def _useful(self, out: GeneratorOutput) -> bool:
-        live = [t for t in out.trajectories if t.stop_reason != FAILED and any(t.loss_mask)]
-        if not live:
+        if not any(t.stop_reason != FAILED and any(t.loss_mask) for t in out.trajectories):
             return False
         filters = self.c.config.algorithm.filters
-        rewards = [t.reward_sum() for t in live]
-        return not filters.zero_variance_filter or (len(rewards) > 1 and statistics.pstdev(rewards) > filters.zero_variance_tol)
+        return not filters.zero_variance_filter or has_signal(out.trajectories, filters.zero_variance_tol)
 
     def _drop(self, g: Group) -> None:
         """A completed group that will not train: reclassified as filtered; its ledger records are kept."""

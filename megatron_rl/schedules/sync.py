@@ -3,7 +3,8 @@
     generate → (reference / critic passes) → advantages → update (policy, critic) → weight transfer
     (+ verify) → eval / checkpoint
 
-The update is ``ppo_update.update_policy``: one optimizer step per batch by default (the step's own
+With DAPO dynamic sampling (``algorithm.filters.dynamic_sampling_type=replace``) the generate phase samples
+extra groups until enough of them carry a signal (``dynamic_sampling``). The update is ``ppo_update.update_policy``: one optimizer step per batch by default (the step's own
 detached log-probs are the old ones), or PPO mini-batches and epochs with old log-probs from a
 separate pass. The sampler/trainer mismatch is corrected against the rollout log-probs the sampler
 returned (``algorithm.correction``).
@@ -16,6 +17,7 @@ import time
 from megatron_rl.console import bar
 from megatron_rl.contracts import GeneratorInput
 from megatron_rl.schedules.components import Components, LoopState
+from megatron_rl.schedules.dynamic_sampling import sample_until_signal
 from megatron_rl.schedules.evaluation import evaluate
 from megatron_rl.schedules.phases import Timer, due, save, train_on
 
@@ -48,8 +50,10 @@ async def _step(c: Components, state: LoopState, step: int) -> dict[str, float]:
     gi = GeneratorInput(prompts, cfg.generator.n_samples_per_prompt, step, state.version)
     with Timer(metrics, "generate"):
         out = await c.generator.generate(gi)
-    c.folder.log_trajectories(out.trajectories)
+        c.folder.log_trajectories(out.trajectories)
+        out, sampling = await sample_until_signal(c, out, step, state.version)
     metrics.update(out.metrics)
+    metrics.update(sampling)
     if train_on(c, out, metrics):
         state.version += 1
         with Timer(metrics, "weight_sync"):

@@ -61,6 +61,27 @@ def test_moe_recipe_trains_with_expert_parallel_and_r3(tmp_path):
     assert not [k for m in records(folder, "metrics.jsonl") for k in m if k.startswith("sft/rollout_train")]
 
 
+def test_dynamic_sampling_samples_groups_until_enough_vary_and_trains_on_the_first(tmp_path):
+    """DAPO dynamic sampling: a step samples extra groups until 4 of them carry a signal or 4 rounds have run,
+    trains on the first 4 that do, and every group it sampled is in the ledger."""
+    train(tmp_path, "model.tiny_size=unit", "sft.steps=60", "data.train_batch_size=4", "generator.n_samples_per_prompt=4",
+          "schedule.total_steps=2", "schedule.eval_every=0", "algorithm.filters.dynamic_sampling_type=replace",
+          "algorithm.filters.dynamic_sampling_target_groups=4", "algorithm.filters.dynamic_sampling_max_rounds=4")
+    folder = tmp_path / "tiny_cpu"
+    steps = [m for m in records(folder, "metrics.jsonl") if "reward/mean" in m]
+    assert len(steps) == 2
+    for m in steps:
+        groups, rounds = m["generate/dynamic_sampling_groups"], m["generate/dynamic_sampling_rounds"]
+        useful = round((1 - m["reward/zero_variance_group_ratio"]) * groups)
+        assert 1 <= rounds <= 4 and 4 <= groups <= 4 * rounds, m
+        assert rounds == 4 or useful >= 4, "sampling stops early only once 4 groups vary"
+        assert m["reward/dynamic_sampling_missing_groups"] == 4 - min(useful, 4)
+        assert m["train/kept_trajectories"] == 4 * min(useful, 4)
+    ledger = records(folder, "trajectories.jsonl")
+    assert len(ledger) == 4 * sum(m["generate/dynamic_sampling_groups"] for m in steps)
+    assert sum(m["generate/dynamic_sampling_groups"] for m in steps) > 8, "extra rounds must have run"
+
+
 def _wait_for_checkpoint(folder: Path, step: int, proc, timeout: float = 1200) -> None:
     tracker = folder / "checkpoints" / "latest_checkpointed_step.txt"
     deadline = time.time() + timeout

@@ -41,6 +41,10 @@ def test_overrides_reach_nested_dataclasses():
         (["trainer.recompute.num_layers=0"], "trainer.recompute.num_layers"),
         (["sft.stop_at_accuracy=45"], "sft.stop_at_accuracy.*\\[0, 1\\]"),
         (["sft.check_every=0"], "sft.check_every"),
+        (["algorithm.filters.dynamic_sampling_type=replace", "algorithm.filters.dynamic_sampling_target_groups=4",
+          "schedule.type=fully_async"], "dynamic_sampling_type=replace.*schedule.type=fully_async.*zero_variance_filter"),
+        (["algorithm.filters.dynamic_sampling_type=replace", "algorithm.filters.dynamic_sampling_target_groups=4",
+          "algorithm.filters.dynamic_sampling_max_rounds=0"], "algorithm.filters.dynamic_sampling_max_rounds"),
     ],
 )
 def test_bad_input_names_the_key(words, needle):
