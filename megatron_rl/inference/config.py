@@ -15,8 +15,10 @@ class ServerConfig:
 
     model_path: str = ""
     """HF checkpoint directory the servers load (the run fills it from ``model.path``)."""
-    dtype: str = "float32"
-    """Weight and activation dtype of the servers."""
+    dtype: str = ""
+    """Weight and activation dtype of the servers: empty follows ``model.dtype`` (float32 for a server started
+    outside a run); float32, bfloat16 or float16 samples in another precision than the trainer trains in (a
+    sampler/trainer mismatch study: ``benchmarks/repro/router_mismatch.py``)."""
     max_model_len: int = 2048
     """Longest prompt plus response, in tokens."""
     kv_cache_gib: float = 1.0
@@ -46,8 +48,8 @@ class ServerConfig:
     ``inference/`` (a temporary folder outside a run)."""
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ValueError(f"inference.server.dtype: {self.dtype!r} is not one of {DTYPES}")
+        if self.dtype and self.dtype not in DTYPES:
+            raise ValueError(f"inference.server.dtype: {self.dtype!r} is not one of {DTYPES} (or empty: model.dtype)")
         if self.max_model_len < 16:
             raise ValueError(f"inference.server.max_model_len: {self.max_model_len} is too small; use >= 16")
         if self.kv_cache_gib < 0:

@@ -18,7 +18,8 @@ from megatron_rl.inference.proxy import make_app
 
 
 def _managed(cfg: TrainConfig, model_path: str, secret: str) -> LocalServers:
-    server = dataclasses.replace(cfg.inference.server, model_path=model_path, dtype=cfg.model.dtype,
+    server = dataclasses.replace(cfg.inference.server, model_path=model_path,
+                                 dtype=cfg.inference.server.dtype or cfg.model.dtype,
                                  seed=cfg.run.seed, worker_extension="")
     return LocalServers(server, cfg.inference.num_servers, secret=secret)
 

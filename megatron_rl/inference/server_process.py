@@ -85,7 +85,7 @@ def server_command(config: ServerConfig, port: int, seed: int, host: str = LOOPB
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", config.model_path,
         "--host", host, "--port", str(port),
-        "--dtype", config.dtype,
+        "--dtype", config.dtype or "float32",
         "--max-model-len", str(config.max_model_len),
         "--tensor-parallel-size", str(config.tensor_parallel_size),
         "--seed", str(seed),

@@ -38,13 +38,14 @@ WORKER_EXTENSION = "megatron_rl.inference.worker_extension.MegatronRLWorkerExten
 
 def fleet_config(cfg: TrainConfig, model_path: str, root: Path):
     """The inference fleet's config for serving ``model_path`` under the run folder ``root``: the run's dtype
-    and seed, the weight-receiving worker extension, room for the longest prompt, and how R3 gets its routes."""
+    (unless ``inference.server.dtype`` sets the sampler's own) and seed, the weight-receiving worker extension, room for the longest prompt, and how R3 gets its routes."""
     run_dir = cfg.inference.server.run_dir or str(root / "inference")
     routes = cfg.inference.server.routed_experts
     if routes == "auto":
         routes = "native" if cfg.algorithm.routing_replay.mode.value == "r3" and not on_cpu() else "hooks"
     server = dataclasses.replace(
-        cfg.inference.server, model_path=model_path, dtype=cfg.model.dtype, seed=cfg.run.seed, run_dir=run_dir,
+        cfg.inference.server, model_path=model_path, dtype=cfg.inference.server.dtype or cfg.model.dtype,
+        seed=cfg.run.seed, run_dir=run_dir,
         worker_extension=cfg.inference.server.worker_extension or WORKER_EXTENSION,
         max_model_len=max(cfg.inference.server.max_model_len, cfg.generator.max_input_length), routed_experts=routes,
     )

@@ -77,3 +77,14 @@ def test_the_fleet_resolves_how_r3_gets_its_routes(words, cuda, expected, monkey
     monkeypatch.setattr(job, "on_cpu", lambda: not cuda)
     server = job.fleet_config(load_config(words), "/m", tmp_path).server
     assert server.routed_experts == expected
+
+
+@pytest.mark.parametrize("words, expected", [
+    ([], "float32"),  # the trainer's dtype
+    (["model.dtype=bfloat16", "trainer.dtype=bfloat16"], "bfloat16"),
+    (["inference.server.dtype=bfloat16"], "bfloat16"),  # a sampler in lower precision than its float32 trainer
+])
+def test_the_servers_sample_in_the_model_dtype_unless_told_otherwise(words, expected, tmp_path):
+    from megatron_rl.schedules import job
+
+    assert job.fleet_config(load_config(["recipe=tiny_moe_cpu", *words]), "/m", tmp_path).server.dtype == expected
