@@ -43,6 +43,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common import Parser, positive_int
+
 PUBLISHED = {
     "source": "GSPO (Qwen, arXiv 2507.18071)",
     "model": "Qwen3-30B-A3B, 48 MoE layers, 128 experts, top-8",
@@ -72,21 +74,6 @@ SHAPES = {
 }
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        self.exit(2, f"routing_drift: {message}\n")  # one line that names the flag, no usage dump
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
 def _lrs(text: str) -> tuple[float, ...]:
     try:
         values = tuple(float(v) for v in text.split(","))
@@ -106,14 +93,14 @@ def _shapes(text: str) -> tuple[str, ...]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = _Parser(description=__doc__.splitlines()[0])
+    p = Parser(prog="routing_drift", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="CI smoke run: tiny shape, 4 rows of 64 tokens, 2 rates")
     p.add_argument("--shapes", type=_shapes, help=f"comma list of {','.join(SHAPES)} (default tiny,larger)")
     p.add_argument("--lrs", type=_lrs, help="comma list of learning rates (default 1e-6,1e-5,1e-4,5e-4)")
-    p.add_argument("--rows", type=_positive_int, help="rollout rows (default 16)")
-    p.add_argument("--seq", type=_positive_int, help="tokens per row, prompt included (default 512)")
-    p.add_argument("--group", type=_positive_int, default=4, help="rows per prompt group (GRPO advantages)")
-    p.add_argument("--prompt-len", type=_positive_int, help="prompt tokens at the start of each row (default seq/4)")
+    p.add_argument("--rows", type=positive_int, help="rollout rows (default 16)")
+    p.add_argument("--seq", type=positive_int, help="tokens per row, prompt included (default 512)")
+    p.add_argument("--group", type=positive_int, default=4, help="rows per prompt group (GRPO advantages)")
+    p.add_argument("--prompt-len", type=positive_int, help="prompt tokens at the start of each row (default seq/4)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and the rollout")
     p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda where available, else cpu")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: bfloat16 on cuda, float32 on cpu")

@@ -1,0 +1,43 @@
+"""What the reproduction scripts share: flag errors in one line that names the flag, and real training runs
+(``megatron-rl train``) whose per-step metrics a script tabulates."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+class Parser(argparse.ArgumentParser):
+    """``error`` prints ``<prog>: <message>`` on one line (no usage dump) and exits 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def train(out: Path, run_name: str, words: list[str], prog: str) -> list[dict]:
+    """One ``megatron-rl train`` run named ``run_name`` under ``out/runs`` with the override ``words``; the
+    metrics of its RL steps. A failed run stops the script, naming the run and the tail of its log."""
+    runs = out / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    log = runs / f"{run_name}.log"
+    with open(log, "w") as f:
+        code = subprocess.run([sys.executable, "-m", "megatron_rl.cli", "train", f"run.output_dir={runs}",
+                               f"run.name={run_name}", *words], stdout=f, stderr=subprocess.STDOUT,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1"}).returncode
+    if code != 0:
+        raise SystemExit(f"{prog}: run {run_name} failed (exit {code}); its log: {log}\n" + log.read_text()[-3000:])
+    return [m for m in map(json.loads, (runs / run_name / "metrics.jsonl").read_text().splitlines()) if "reward/mean" in m]
