@@ -33,20 +33,17 @@ class RankElements:
 
 
 def rank_elements(specs: list[TensorSpec], layout: TrainerLayout) -> dict[int, RankElements]:
-    """Elements held by each rank of the first data-parallel replica group (ranks with dp rank < ep)."""
+    """Elements held by each rank of the first replica group of every stage (``layout.replica_ranks`` ranks)."""
     dense: dict[int, int] = {}
     expert: dict[int, int] = {}
     for spec in specs:
         numel = spec.nbytes // element_size(spec.dtype)
-        share = numel // layout.tp if tp_split_dim(spec.name) is not None else numel
-        stage = layout.stage_of(spec.name)
-        is_expert = ".experts." in spec.name and layout.num_experts > 0
-        dp_ranks = [layout.expert_rank_of(spec.name)] if is_expert else range(layout.ep)
+        is_expert = layout.is_expert(spec.name)
+        if tp_split_dim(spec.name) is not None:
+            numel //= layout.expert_tp if is_expert else layout.tp
         target = expert if is_expert else dense
-        for dp_rank in dp_ranks:
-            for tp_rank in range(layout.tp):
-                rank = layout.rank(tp_rank, dp_rank, stage)
-                target[rank] = target.get(rank, 0) + share
+        for rank in layout.holders(spec.name):
+            target[rank] = target.get(rank, 0) + numel
     ranks = set(dense) | set(expert)
     return {r: RankElements(dense.get(r, 0), expert.get(r, 0)) for r in sorted(ranks)}
 
@@ -56,7 +53,7 @@ def trainer_static_bytes(specs: list[TensorSpec], layout: TrainerLayout, dtype: 
     """Weights, gradients and optimizer state of the rank that holds the most (bytes)."""
     width = element_size(dtype)
     master = 0 if dtype == "float32" else 4
-    dp, edp = layout.dp, layout.dp // layout.ep
+    dp, edp = layout.dp, layout.stage_ranks // (layout.expert_tp * layout.ep)
     best: dict[str, int] = {}
     for held in rank_elements(specs, layout).values():
         state = 8 + master

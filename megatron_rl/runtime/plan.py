@@ -11,6 +11,7 @@ from megatron_rl.runtime.cluster import Cluster
 from megatron_rl.runtime.memory import activation_bytes, engine_bytes, trainer_static_bytes
 from megatron_rl.runtime.placement import BundleGroup, Placement, place
 from megatron_rl.runtime.shapes import hf_tensor_specs, num_experts, read_config
+from parallel.config import TrainerConfig
 from weight_transfer.layout import TrainerLayout
 from weight_transfer.plan import TransferPlan, natural_key
 
@@ -29,13 +30,13 @@ def model_dir(cfg: TrainConfig) -> Path:
     return path if path.is_absolute() or path.exists() else RECIPES_DIR / path
 
 
-def trainer_layout(cfg: TrainConfig, config: dict) -> TrainerLayout:
-    p, world = cfg.trainer.parallel, cfg.trainer.num_ranks
-    p.check_world(world)
-    return TrainerLayout(num_layers=config["num_hidden_layers"], tp=p.tensor_model_parallel_size,
-                         pp=p.pipeline_model_parallel_size,
-                         dp=world // (p.tensor_model_parallel_size * p.pipeline_model_parallel_size),
-                         ep=p.expert_model_parallel_size, num_experts=num_experts(config))
+def trainer_layout(trainer: TrainerConfig, world_size: int, num_layers: int, num_experts: int) -> TrainerLayout:
+    """Where the trainer's ``world_size`` ranks hold each tensor (``trainer.parallel``, expert TP included)."""
+    p = trainer.parallel
+    p.check_world(world_size)
+    return TrainerLayout(num_layers=num_layers, tp=p.tensor_model_parallel_size, pp=p.pipeline_model_parallel_size,
+                         dp=world_size // p.model_parallel_size(), ep=p.expert_model_parallel_size,
+                         num_experts=num_experts, etp=p.expert_tensor_parallel_size)
 
 
 def bundle_groups(cfg: TrainConfig, cluster: Cluster) -> list[BundleGroup]:
@@ -101,10 +102,10 @@ def render(cfg: TrainConfig, cluster: Cluster) -> str:
     """The whole plan as text; PlacementError (a ValueError) when the layout does not fit."""
     config = read_config(model_dir(cfg))
     specs = hf_tensor_specs(config, cfg.trainer.dtype)
-    layout = trainer_layout(cfg, config)
+    experts = num_experts(config)
+    layout = trainer_layout(cfg.trainer, cfg.trainer.num_ranks, config["num_hidden_layers"], experts)
     placement = placement_of(cfg, cluster)
     params = sum(s.nbytes for s in specs) / (2 if cfg.trainer.dtype == "bfloat16" else 4)
-    experts = num_experts(config)
     active = params if not experts else params - sum(
         s.nbytes for s in specs if ".experts." in s.name) / (2 if cfg.trainer.dtype == "bfloat16" else 4) * (
         1 - config["num_experts_per_tok"] / experts)
@@ -112,7 +113,8 @@ def render(cfg: TrainConfig, cluster: Cluster) -> str:
     lines = [f"plan: {cfg.run.name} on {cluster.describe()}",
              f"model: {config['architectures'][0]}, {params / 1e9:.1f}B parameters ({active / 1e9:.1f}B active), "
              f"{cfg.trainer.dtype}",
-             f"trainer: {cfg.trainer.num_ranks} ranks, TP={layout.tp} PP={layout.pp} EP={layout.ep} DP={layout.dp}; "
+             f"trainer: {cfg.trainer.num_ranks} ranks, TP={layout.tp} PP={layout.pp} EP={layout.ep} DP={layout.dp}"
+             + (f" ETP={layout.expert_tp}" if experts else "") + "; "
              f"inference: {cfg.inference.num_servers} engine(s) x TP={cfg.inference.server.tensor_parallel_size}",
              f"placement ({placement.layout}):", *("  " + line for line in placement.table())]
     lines += _memory(cfg, config, specs, layout, cluster)

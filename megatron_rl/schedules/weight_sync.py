@@ -15,11 +15,11 @@ from pathlib import Path
 import torch
 
 from megatron_rl.inference.auth import auth_header
+from megatron_rl.runtime.plan import trainer_layout
 from parallel.config import TrainerConfig
 from parallel.worker_group import WorkerGroup, free_port, node_address
 from weight_transfer.config import WeightTransferConfig
 from weight_transfer.coordinator import WeightTransferCoordinator, WeightTransferError
-from weight_transfer.layout import TrainerLayout
 from weight_transfer.plan import TensorSpec, TransferPlan
 from weight_transfer.replicas import HTTPReplica
 
@@ -37,12 +37,7 @@ def checkpoint_specs(model_dir: Path, dtype: str) -> list[TensorSpec]:
 
 
 def build_plan(model_dir: Path, hf_config, trainer: TrainerConfig, world_size: int, bucket_bytes: int) -> TransferPlan:
-    p = trainer.parallel
-    layout = TrainerLayout(
-        num_layers=hf_config.num_hidden_layers, tp=p.tensor_model_parallel_size, pp=p.pipeline_model_parallel_size,
-        dp=world_size // (p.tensor_model_parallel_size * p.pipeline_model_parallel_size),
-        ep=p.expert_model_parallel_size, num_experts=getattr(hf_config, "num_experts", 0) or 0,
-    )
+    layout = trainer_layout(trainer, world_size, hf_config.num_hidden_layers, getattr(hf_config, "num_experts", 0) or 0)
     return TransferPlan.build(checkpoint_specs(model_dir, trainer.dtype), layout, bucket_bytes)
 
 

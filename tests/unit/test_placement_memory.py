@@ -3,6 +3,7 @@ and the shapes ``plan`` reads from config.json against the tiny checkpoints' rea
 
 from __future__ import annotations
 
+import math
 import socket
 import traceback
 from pathlib import Path
@@ -25,7 +26,7 @@ def test_shapes_from_config_are_the_checkpoints_tensors(arch):
     assert got == {s.name: s.shape for s in checkpoint_specs(path, "float32")}
 
 
-def _rank(rank: int, world: int, port: int, out: str, hf_dir: str, tp: int, ep: int) -> None:
+def _rank(rank: int, world: int, port: int, out: str, hf_dir: str, tp: int, ep: int, etp: int | None) -> None:
     try:
         from parallel import cpu_compat
 
@@ -34,7 +35,8 @@ def _rank(rank: int, world: int, port: int, out: str, hf_dir: str, tp: int, ep: 
         from parallel.config import ParallelConfig, TrainerConfig
         from parallel.policy import MegatronPolicy
 
-        layout = ParallelConfig(tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
+        layout = ParallelConfig(tensor_model_parallel_size=tp, expert_model_parallel_size=ep,
+                                expert_tensor_parallel_size=etp)
         policy = MegatronPolicy(hf_dir, TrainerConfig(num_ranks=world, parallel=layout), AlgorithmConfig(), rank, world,
                                 f"tcp://127.0.0.1:{port}")
         torch.save(_after_one_step(policy), Path(out, f"rank{rank}.pt"))
@@ -56,13 +58,13 @@ def _after_one_step(policy) -> dict:
     return policy.memory()
 
 
-def _megatron_memory(hf_dir: str, tp: int, ep: int, out: Path) -> list[dict]:
-    world = tp * ep
+def _megatron_memory(hf_dir: str, tp: int, ep: int, etp: int | None, out: Path) -> list[dict]:
+    world = math.lcm(tp, (etp or tp) * ep)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_rank, args=(r, world, port, str(out), hf_dir, tp, ep)) for r in range(world)]
+    procs = [ctx.Process(target=_rank, args=(r, world, port, str(out), hf_dir, tp, ep, etp)) for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
@@ -72,13 +74,18 @@ def _megatron_memory(hf_dir: str, tp: int, ep: int, out: Path) -> list[dict]:
     return [torch.load(out / f"rank{r}.pt") for r in range(world)]
 
 
-@pytest.mark.parametrize(("arch", "tp", "ep"), [("qwen3", 2, 1), ("qwen3_moe", 1, 2)])
-def test_static_memory_estimate_is_within_ten_percent_of_megatrons(arch, tp, ep, tmp_path):
+@pytest.mark.parametrize(("arch", "tp", "ep", "etp"), [("qwen3", 2, 1, None), ("qwen3_moe", 1, 2, None),
+                                                      ("qwen3_moe", 1, 1, 2)])
+def test_static_memory_estimate_is_within_ten_percent_of_megatrons(arch, tp, ep, etp, tmp_path):
+    """The last case folds experts differently from attention: each rank holds all of attention (TP=1, DP=2)
+    and half of every expert's matrices (ETP=2)."""
     path = make_tiny_model(arch, size="unit", seed=0)
     config = read_config(path)
-    layout = TrainerLayout(num_layers=config["num_hidden_layers"], tp=tp, dp=ep, ep=ep, num_experts=num_experts(config))
+    world = math.lcm(tp, (etp or tp) * ep)
+    layout = TrainerLayout(num_layers=config["num_hidden_layers"], tp=tp, dp=world // tp, ep=ep,
+                           num_experts=num_experts(config), etp=etp)
     estimate = trainer_static_bytes(hf_tensor_specs(config, "float32"), layout, "float32")
-    measured = _megatron_memory(str(path), tp, ep, tmp_path)
+    measured = _megatron_memory(str(path), tp, ep, etp, tmp_path)
     busiest = max(measured, key=lambda m: m["params"] + m["grads"] + m["optimizer"])
     for key, theirs in (("weights", busiest["params"]), ("grads", busiest["grads"]), ("optimizer", busiest["optimizer"])):
         assert abs(estimate[key] - theirs) <= 0.10 * theirs, (key, estimate, busiest)

@@ -54,6 +54,27 @@ def test_owner_rule_sends_from_the_rank_that_exports_each_tensor():
         TransferPlan.build(moe_specs(), layout, 1 << 20, senders="tp1")
 
 
+def test_expert_tensor_parallel_groups_differ_from_attentions():
+    """Megatron folds a stage's ranks twice: attention by (TP, DP), routed experts by (ETP, EP, expert DP).
+    TP=1 x DP=4 with ETP=2 x EP=2: attention whole on rank 0, expert rank 1's matrices split over ranks 2-3."""
+    layout = TrainerLayout(num_layers=4, tp=1, dp=4, ep=2, num_experts=4, etp=2)
+    plan = TransferPlan.build(moe_specs(), layout, 1 << 20)
+    by_name = {e.spec.name: e for e in plan.entries}
+    assert [(s.rank, s.dim) for s in by_name["model.layers.0.self_attn.o_proj.weight"].shards] == [(0, None)]
+    expert = by_name["model.layers.0.mlp.experts.3.down_proj.weight"]
+    assert [(s.rank, s.dim, s.start, s.stop) for s in expert.shards] == [(2, 1, 0, 8), (3, 1, 8, 16)]
+    assert expert.sender == 2 and plan.senders == [0, 2], "expert-TP rank 0 of each expert rank exports"
+    # TP=2 x DP=2 with ETP=1 x EP=4: every rank holds a quarter of the experts whole
+    layout = TrainerLayout(num_layers=4, tp=2, dp=2, ep=4, num_experts=4, etp=1)
+    by_name = {e.spec.name: e for e in TransferPlan.build(moe_specs(), layout, 1 << 20).entries}
+    assert [e for e in range(4) if by_name[f"model.layers.0.mlp.experts.{e}.down_proj.weight"].sender == 3] == [3]
+    assert len(by_name["model.layers.0.mlp.experts.3.down_proj.weight"].shards) == 1
+    assert [s.rank for s in by_name["model.layers.0.self_attn.o_proj.weight"].shards] == [0, 1]
+    assert TransferPlan.from_json(TransferPlan.build(moe_specs(), layout, 1 << 20).to_json()).layout == layout
+    with pytest.raises(ValueError, match="etp x ep = 4 x 2 must divide the 4 ranks"):
+        TrainerLayout(num_layers=4, tp=2, dp=2, ep=2, num_experts=4, etp=4)
+
+
 def test_plan_of_deepseek_v3_size_survives_a_json_round_trip():
     """The plan of a PP16 x EP16 DeepSeek-V3 layout (46848 expert tensors) builds and travels as JSON unchanged.
     How long that takes is benchmarks/bench_weight_transfer.py's to print (its DeepSeek-V3 projection row)."""

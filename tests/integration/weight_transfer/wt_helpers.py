@@ -3,6 +3,7 @@ engines with the receiver mixin, and log-probs on fixed tokens from vLLM and fro
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import signal
@@ -60,11 +61,15 @@ class PerturbedWeights:
             yield pair
 
 
-def plan_for(model_dir: Path, tp: int, bucket_bytes: int, senders: str = "spread") -> TransferPlan:
-    """``spread``: PerturbedWeights yields every tensor on every rank, so both TP ranks send."""
+def plan_for(model_dir: Path, tp: int, bucket_bytes: int, senders: str = "spread", ep: int = 1,
+             etp: int | None = None) -> TransferPlan:
+    """``spread``: PerturbedWeights yields every tensor on every rank, so both TP ranks send. The trainer has
+    lcm(tp, etp x ep) ranks (data parallel takes the rest)."""
     config = transformers.AutoConfig.from_pretrained(model_dir)
     experts = getattr(config, "num_experts", 0) or 0
-    layout = TrainerLayout(num_layers=config.num_hidden_layers, tp=tp, num_experts=experts)
+    world = math.lcm(tp, (etp or tp) * ep)
+    layout = TrainerLayout(num_layers=config.num_hidden_layers, tp=tp, dp=world // tp, ep=ep, num_experts=experts,
+                           etp=etp)
     return TransferPlan.build(specs_from_tensors(checkpoint(model_dir)), layout, bucket_bytes, senders=senders)
 
 
@@ -236,18 +241,21 @@ def token_batch():
 
 
 class MegatronExport:
-    """``weights_fn`` for LocalSenders over every rank of a real megatron-core model (TP over gloo).
+    """``weights_fn`` for LocalSenders over every rank of a real megatron-core model (TP, EP and expert TP over
+    gloo, lcm(tp, etp x ep) ranks).
 
     The first call builds the model from the checkpoint (parallel's provider and importer). Version v adds
     seeded noise to every local parameter shard (the same noise on each rank holding a replicated tensor),
     runs megatron's log-prob pass on TOKENS, then returns parallel's export iterator as weight syncs use it
-    (q, k, v as row-block views). Rank 0 saves under ``out_dir`` megatron's log-probs and every tensor it
-    yields, in HF shape (``megatron-v{v}.pt``, ``exported-v{v}``)."""
+    (q, k, v as row-block views). Rank 0 saves under ``out_dir`` megatron's log-probs (``megatron-v{v}.pt``),
+    every rank the tensors it yields, in HF shape (``exported-v{v}-r{rank}``)."""
 
-    def __init__(self, model_dir: Path, tp: int, out_dir: Path):
+    def __init__(self, model_dir: Path, tp: int, out_dir: Path, ep: int = 1, etp: int | None = None):
         from weight_transfer.session import free_port
 
-        self.model_dir, self.tp, self.out_dir = str(model_dir), tp, Path(out_dir)
+        self.model_dir, self.out_dir = str(model_dir), Path(out_dir)
+        self.parallel = dict(tensor_model_parallel_size=tp, expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
+        self.world = math.lcm(tp, (etp or tp) * ep)
         self.init_method, self.state = f"tcp://127.0.0.1:{free_port()}", None
 
     def _build(self, rank: int):
@@ -258,8 +266,8 @@ class MegatronExport:
         from parallel.groups import init_distributed
         from parallel.provider import load_model
 
-        cfg = TrainerConfig(num_ranks=self.tp, parallel=ParallelConfig(tensor_model_parallel_size=self.tp))
-        pgs = init_distributed(cfg.parallel, rank, self.tp, self.init_method)
+        cfg = TrainerConfig(num_ranks=self.world, parallel=ParallelConfig(**self.parallel))
+        pgs = init_distributed(cfg.parallel, rank, self.world, self.init_method)
         model = load_model(self.model_dir, cfg, pgs)
         return cfg, pgs, model
 
@@ -278,15 +286,14 @@ class MegatronExport:
         logprobs = compute_logprobs(model, token_batch(), cfg.max_tokens_per_micro_batch, pgs)[0]
         if rank == 0:
             torch.save(logprobs, self.out_dir / f"megatron-v{version}.pt")
-            return self._saving(HFExport(model, pgs).tensors(row_blocks=True), version)
-        return HFExport(model, pgs).tensors(row_blocks=True)
+        return self._saving(HFExport(model, pgs).tensors(row_blocks=True), version, rank)
 
-    def _saving(self, pairs, version: int):
+    def _saving(self, pairs, version: int, rank: int):
         kept = {}
         for name, tensor in pairs:
             kept[name] = tensor.flatten(0, 1) if tensor.dim() == 3 else tensor.clone()  # the models' HF weights are 2-D
             yield name, tensor
-        save_file(kept, str(self.out_dir / f"exported-v{version}.safetensors"))
+        save_file(kept, str(self.out_dir / f"exported-v{version}-r{rank}.safetensors"))
 
 
 class SpoilFirstDelta:
