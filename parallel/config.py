@@ -36,6 +36,17 @@ class ParallelConfig:
         if self.expert_tensor_parallel_size is not None:
             _require(self.expert_tensor_parallel_size >= 1, f"{key}.expert_tensor_parallel_size", "must be >= 1 or null")
 
+    def check_model(self, num_experts: int) -> None:
+        """Raise where megatron-core cannot train this layout on a model with ``num_experts`` routed experts."""
+        tp = self.tensor_model_parallel_size
+        _require(
+            not num_experts or tp == 1,
+            "trainer.parallel.tensor_model_parallel_size",
+            f"{tp} on a MoE model ({num_experts} experts): megatron-core trains MoE layers under tensor parallelism "
+            "only with sequence parallelism, which megatron-rl does not enable yet; set it to 1 and split the model "
+            "with expert_model_parallel_size and pipeline_model_parallel_size",
+        )
+
     def model_parallel_size(self) -> int:
         """Ranks holding one copy of the dense model."""
         return self.tensor_model_parallel_size * self.pipeline_model_parallel_size

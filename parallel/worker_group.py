@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import ray
 import torch
+import transformers
 
 from megatron_rl.algorithms.config import AlgorithmConfig
 from megatron_rl.contracts import TrainingBatch
@@ -137,6 +138,7 @@ class WorkerGroup:
                  critic: CriticConfig | None = None, reference: bool = False, resources: dict | None = None,
                  actor_options: list[dict] | None = None):
         cfg.parallel.check_world(world_size)
+        cfg.parallel.check_model(getattr(transformers.AutoConfig.from_pretrained(hf_dir), "num_experts", 0) or 0)
         self.models = ["policy"] + (["critic"] if critic is not None else []) + (["reference"] if reference else [])
         start_ray()
         gpus = 1 if torch.cuda.is_available() else 0

@@ -34,6 +34,7 @@ def trainer_layout(trainer: TrainerConfig, world_size: int, num_layers: int, num
     """Where the trainer's ``world_size`` ranks hold each tensor (``trainer.parallel``, expert TP included)."""
     p = trainer.parallel
     p.check_world(world_size)
+    p.check_model(num_experts)
     return TrainerLayout(num_layers=num_layers, tp=p.tensor_model_parallel_size, pp=p.pipeline_model_parallel_size,
                          dp=world_size // p.model_parallel_size(), ep=p.expert_model_parallel_size,
                          num_experts=num_experts, etp=p.expert_tensor_parallel_size)

@@ -105,3 +105,24 @@ def test_plan_prints_placement_memory_and_transfer_for_the_real_model_recipes(re
 def test_plan_fails_early_naming_what_is_missing(capsys):
     assert main(["plan", "recipe=qwen3_235b_a22b", "cluster=8x8xH200"]) == 2
     assert "inference needs 32 GPUs" in capsys.readouterr().err
+
+
+def test_plan_folds_experts_by_expert_tensor_parallel(capsys):
+    """ETP=2 under TP=1: attention whole on every rank, each routed expert split over 2 ranks, so the busiest
+    rank holds about half the expert weights of ETP=1 (the default, ETP = TP)."""
+    base = ["plan", "recipe=qwen3_30b_a3b", "cluster=3x8xH100@400"]
+    weights = {}
+    for etp in (1, 2):
+        assert main([*base, f"trainer.parallel.expert_tensor_parallel_size={etp}"]) == 0
+        out = capsys.readouterr().out
+        assert f"TP=1 PP=1 EP=8 DP=16 ETP={etp};" in out
+        weights[etp] = float(out.split("(busiest rank): weights ")[1].split(" GB")[0])
+    assert weights[1] > 1.5 * weights[2], weights
+
+
+def test_tensor_parallel_moe_training_is_refused_naming_the_field(capsys):
+    """megatron-core's MoE layer trains under TP only with sequence parallelism, which is not enabled."""
+    assert main(["plan", "recipe=qwen3_30b_a3b", "cluster=3x8xH100@400",
+                 "trainer.parallel.tensor_model_parallel_size=2"]) == 2
+    err = capsys.readouterr().err
+    assert "trainer.parallel.tensor_model_parallel_size: 2 on a MoE model" in err and "sequence parallelism" in err
