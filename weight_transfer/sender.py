@@ -85,8 +85,20 @@ def send_weights(plan: TransferPlan, rank: int, weights: Iterable[tuple[str, tor
 
     Returns ``{"buckets": {index: checksum}, "tensors": {name: sha256}, "replayed": bool}`` (tensors only
     when ``digests``).
-    Raises ValueError for a name the plan lacks or a planned tensor the iterator never yielded.
+    Raises ValueError for a name the plan lacks or a planned tensor the iterator never yielded. On any error
+    the transport is closed, so replicas waiting on this rank's buckets fail at once rather than after
+    ``weight_transfer.timeout_s`` (the coordinator's retry connects afresh).
     """
+    try:
+        return _send(plan, rank, weights, transport, version, device, digests)
+    except BaseException:
+        if transport is not None:
+            transport.close()
+        raise
+
+
+def _send(plan: TransferPlan, rank: int, weights: Iterable[tuple[str, torch.Tensor]],
+          transport: SenderTransport | None, version: int, device: torch.device, digests: bool) -> dict:
     mine = plan.buckets_of(rank)
     if mine and transport is None:
         raise ValueError(f"rank {rank}: sends {len(mine)} buckets of plan {plan.fingerprint} but has no transport")

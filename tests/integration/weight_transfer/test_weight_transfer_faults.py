@@ -107,6 +107,29 @@ def test_sender_killed_mid_transfer_leaves_old_weights_and_the_run_retries(fleet
     assert _versions(fleet, fleet.replicas, [0, 1, 2]) == {"r0": 2, "r1": 2}
 
 
+def test_an_export_that_raises_mid_send_fails_the_attempt_at_once_and_the_retry_lands(fleet, caplog):
+    """The sender process lives on after its export raised: its transport closes, so the replicas blocked on its
+    buckets fail now instead of waiting out weight_transfer.timeout_s, and the retry moves both to the version."""
+    raising = LocalSenders(fleet.plan, PerturbedWeights(fleet.model, raise_at=(3, 12)))
+    coordinator = WeightTransferCoordinator(CONFIG, fleet.plan, fleet.replicas, raising)
+    start = time.monotonic()
+    try:
+        with caplog.at_level(logging.ERROR, logger="weight_transfer"):
+            metrics = coordinator.update(3)
+    finally:
+        raising.disconnect()
+    elapsed = time.monotonic() - start
+    assert "export failed at tensor 12 of version 3" in caplog.text
+    assert metrics["weight_transfer/retries"] == 1 and metrics["weight_transfer/quarantined"] == 0
+    assert elapsed < CONFIG.timeout_s / 2, f"{elapsed:.1f} s: the replicas waited for the failed sender's buckets"
+    assert _versions(fleet, fleet.replicas, [0, 1, 2, 3]) == {"r0": 3, "r1": 3}
+    healthy = LocalSenders(fleet.plan, PerturbedWeights(fleet.model))
+    try:  # back to version 2, which the tests below start from
+        WeightTransferCoordinator(CONFIG, fleet.plan, fleet.replicas, healthy).update(2)
+    finally:
+        healthy.disconnect()
+
+
 def test_an_in_place_load_the_replicas_cannot_do_is_refused_before_anything_moves(fleet):
     """vLLM on CPU repacks linear weights after loading, so ``load=direct`` (in-place writes) is refused up front."""
     before = _versions(fleet, fleet.replicas, [0, 1, 2])

@@ -43,11 +43,16 @@ def perturbed(model_dir: Path, seed: int) -> dict[str, torch.Tensor]:
 class PerturbedWeights:
     """``weights_fn`` for LocalSenders: version v yields the checkpoint perturbed with seed v.
     ``die_at=(version, after)`` makes the sender process exit after yielding ``after`` tensors of that version;
-    ``delay_s`` slows each tensor; ``started`` is a file created once yielding begins."""
+    ``raise_at=(version, after)`` makes the export raise there instead, once per sender process (the trainer's
+    export failing while its process lives on); ``delay_s`` slows each tensor; ``started`` is a file created once
+    yielding begins."""
+
+    raised = False  # per sender process
 
     def __init__(self, model_dir: Path, die_at: tuple[int, int] | None = None, delay_s: float = 0.0,
-                 started: str | None = None):
+                 started: str | None = None, raise_at: tuple[int, int] | None = None):
         self.model_dir, self.die_at, self.delay_s, self.started = Path(model_dir), die_at, delay_s, started
+        self.raise_at = raise_at
 
     def __call__(self, rank: int, version: int):
         import time
@@ -57,6 +62,9 @@ class PerturbedWeights:
         for i, pair in enumerate(perturbed(self.model_dir, version).items()):
             if self.die_at and self.die_at == (version, i):
                 os._exit(3)
+            if self.raise_at == (version, i) and not PerturbedWeights.raised:
+                PerturbedWeights.raised = True
+                raise RuntimeError(f"export failed at tensor {i} of version {version}")
             time.sleep(self.delay_s)
             yield pair
 
