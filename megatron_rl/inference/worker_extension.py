@@ -8,7 +8,9 @@ CPU build: it needs Model Runner V2, which needs Triton). It hooks each MoE bloc
 the top-k of the router logits, which equals the router's choice for softmax top-k routers
 (Qwen2/Qwen3-MoE, Mixtral); routers with score biases or group limits (DeepSeek-V3) need the
 native path. Tokens served from the prefix cache are not recomputed and so have no record: the
-result says from which position the record starts.
+result says from which position the record starts. A request computed again (resumed after a pause
+whose weight update dropped its KV cache, or preempted) keeps, per position, the routing of its latest
+computation: the one its cached keys and values, and so its later tokens, came from.
 """
 
 from __future__ import annotations
@@ -59,14 +61,19 @@ class RoutingCaptureMixin:
             return
         step = torch.stack(self._mrl_step, dim=1)  # [tokens, layers, top_k]
         self._mrl_step = [None] * len(self._mrl_step)
+        # the position of each request's first scheduled token: new requests start after their cached prefix,
+        # running ones where their computed tokens end (back at 0 when a resumed request is computed again)
         computed = {r.req_id: r.num_computed_tokens for r in scheduler_output.scheduled_new_reqs}
+        cached = scheduler_output.scheduled_cached_reqs
+        computed.update(zip(cached.req_ids, cached.num_computed_tokens))
         offset = 0
         for req_id in self.model_runner.input_batch.req_ids:
             count = scheduler_output.num_scheduled_tokens.get(req_id, 0)
             if not count:
                 continue
-            record = self._mrl_routed.setdefault(req_id, {"start": computed.get(req_id, 0), "chunks": []})
-            record["chunks"].append(step[offset : offset + count].clone())
+            chunks = self._mrl_routed.setdefault(req_id, {"chunks": []})["chunks"]
+            start = computed.get(req_id, chunks[-1][0] + len(chunks[-1][1]) if chunks else 0)
+            chunks.append((start, step[offset : offset + count].clone()))
             offset += count
         while len(self._mrl_routed) > _MAX_KEPT_REQUESTS:
             self._mrl_routed.popitem(last=False)
@@ -77,8 +84,17 @@ class RoutingCaptureMixin:
         key = next((k for k in self._mrl_routed if k.startswith(request_id)), None)
         if key is None:
             return None
-        record = self._mrl_routed.pop(key)
-        return {"start": record["start"], "experts": torch.cat(record["chunks"]).tolist()}
+        chunks = self._mrl_routed.pop(key)["chunks"]
+        start = min(position for position, _ in chunks)
+        end = max(position + len(rows) for position, rows in chunks)
+        experts = chunks[0][1].new_empty((end - start, *chunks[0][1].shape[1:]))
+        covered = torch.zeros(end - start, dtype=torch.bool)
+        for position, rows in chunks:  # in computation order: a later computation of a position wins
+            experts[position - start : position - start + len(rows)] = rows
+            covered[position - start : position - start + len(rows)] = True
+        if not covered.all():
+            return None  # a gap: some positions were never computed here
+        return {"start": start, "experts": experts.tolist()}
 
 
 class WeightVersionMixin:
