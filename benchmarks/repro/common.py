@@ -28,16 +28,26 @@ def positive_int(text: str) -> int:
     return value
 
 
-def train(out: Path, run_name: str, words: list[str], prog: str) -> list[dict]:
+def train(out: Path, run_name: str, words: list[str], prog: str, steps: int | None = None) -> list[dict]:
     """One ``megatron-rl train`` run named ``run_name`` under ``out/runs`` with the override ``words``; the
-    metrics of its RL steps. A failed run stops the script, naming the run and the tail of its log."""
+    metrics of its RL steps. A failed run stops the script, naming the run and the tail of its log. A run whose
+    folder already holds ``steps`` RL steps with the same overrides is read instead of run again."""
     runs = out / "runs"
     runs.mkdir(parents=True, exist_ok=True)
-    log = runs / f"{run_name}.log"
+    log, done = runs / f"{run_name}.log", runs / run_name / "repro_words.json"
+    if steps and done.exists() and json.loads(done.read_text()) == words:
+        rows = _rl_steps(runs / run_name)
+        if len(rows) == steps:
+            return rows
     with open(log, "w") as f:
         code = subprocess.run([sys.executable, "-m", "megatron_rl.cli", "train", f"run.output_dir={runs}",
                                f"run.name={run_name}", *words], stdout=f, stderr=subprocess.STDOUT,
                               env={**os.environ, "PYTHONUNBUFFERED": "1"}).returncode
     if code != 0:
         raise SystemExit(f"{prog}: run {run_name} failed (exit {code}); its log: {log}\n" + log.read_text()[-3000:])
-    return [m for m in map(json.loads, (runs / run_name / "metrics.jsonl").read_text().splitlines()) if "reward/mean" in m]
+    done.write_text(json.dumps(words))
+    return _rl_steps(runs / run_name)
+
+
+def _rl_steps(run_dir: Path) -> list[dict]:
+    return [m for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "reward/mean" in m]

@@ -20,8 +20,17 @@ they load), so the two engines differ as a bf16 GPU sampler and its trainer do. 
 Settings: float32 sampler with R3 (the control: the engines agree), bfloat16 sampler with R3, bfloat16
 sampler without replay.
 
+``--gpu`` runs ``tiny_moe_gpu`` instead: a 1.3B Qwen3-MoE (24 MoE layers, top-2 of 16 experts) with the
+trainer (megatron-core) and a CUDA vLLM engine on one GPU, both in bfloat16, so the engines differ only by
+their kernels, as in the paper. vLLM captures the routed experts itself (``--enable-return-routed-experts``).
+Settings: R3 and no replay; there is no float32 control on the GPU (the trainer stays in bfloat16).
+
     python benchmarks/repro/router_mismatch.py              # 3 settings x 3 seeds x 5 steps, ~15 min on CPU
     python benchmarks/repro/router_mismatch.py --quick      # CI smoke: 1 seed, 1 step, 2 SFT steps
+    python benchmarks/repro/router_mismatch.py --gpu --steps 3   # one GPU: 2 settings x 3 seeds, ~15 min
+
+A run whose folder already holds all its steps is read, not run again, so a long series can be split over
+several invocations with the same ``--out``.
 
 Writes ``router_mismatch.json`` and ``router_mismatch.png`` to ``--out``.
 """
@@ -48,6 +57,10 @@ SETTINGS = {
     "bfloat16 sampler, R3": {"inference.server.dtype": "bfloat16", "algorithm.routing_replay.mode": "r3"},
     "bfloat16 sampler, no replay": {"inference.server.dtype": "bfloat16", "algorithm.routing_replay.mode": "none"},
 }
+GPU_SETTINGS = {
+    "bfloat16 sampler and trainer, R3": {"algorithm.routing_replay.mode": "r3"},
+    "bfloat16 sampler and trainer, no replay": {"algorithm.routing_replay.mode": "none"},
+}
 METRICS = ("routing/disagreement", "routing/tokens_differing", "policy/rollout_train_k3_kl",
            "policy/rollout_train_logprob_abs_diff")
 
@@ -55,22 +68,27 @@ METRICS = ("routing/disagreement", "routing/tokens_differing", "policy/rollout_t
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = Parser(prog="router_mismatch", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="CI smoke run: 1 seed, 1 step, 2 SFT steps")
+    p.add_argument("--gpu", action="store_true", help="tiny_moe_gpu (1.3B MoE, bf16) on one GPU instead of tiny_moe_cpu")
     p.add_argument("--seeds", type=positive_int, help="seeds per setting (default 3)")
     p.add_argument("--steps", type=positive_int, help="RL steps per run (default 5)")
-    p.add_argument("--sft-steps", type=positive_int, help="SFT warm-start steps (default: the recipe's 20)")
+    p.add_argument("--sft-steps", type=positive_int, help="SFT warm-start steps (default: the recipe's)")
     p.add_argument("--out", type=Path, default=Path("router_mismatch_out"), help="folder for the runs, JSON and plot")
     args = p.parse_args(argv)
-    quick = (1, 1, 2) if args.quick else (3, 5, 20)
+    quick = (1, 1, 2) if args.quick else (3, 5, None)
     args.seeds, args.steps, args.sft_steps = (args.seeds or quick[0], args.steps or quick[1], args.sft_steps or quick[2])
+    args.recipe = "tiny_moe_gpu" if args.gpu else "tiny_moe_cpu"
+    args.settings = GPU_SETTINGS if args.gpu else SETTINGS
     return args
 
 
 def run(name: str, overrides: dict, seed: int, args: argparse.Namespace) -> list[dict]:
-    """One training run of ``tiny_moe_cpu`` with ``overrides``; its per-step metrics."""
+    """One training run of the recipe with ``overrides``; its per-step metrics."""
     run_name = f"{name.split(',')[0].split()[0]}-{overrides['algorithm.routing_replay.mode']}-s{seed}"
-    words = ["recipe=tiny_moe_cpu", f"run.seed={seed}", f"schedule.total_steps={args.steps}", "schedule.eval_every=0",
-             f"sft.steps={args.sft_steps}", *(f"{k}={v}" for k, v in overrides.items())]
-    return train(args.out, run_name, words, "router_mismatch")
+    words = [f"recipe={args.recipe}", f"run.seed={seed}", f"schedule.total_steps={args.steps}", "schedule.eval_every=0",
+             "schedule.checkpoint_every=0", *(f"{k}={v}" for k, v in overrides.items())]
+    if args.sft_steps:
+        words.append(f"sft.steps={args.sft_steps}")
+    return train(args.out, run_name, words, "router_mismatch", steps=args.steps)
 
 
 def summarize(steps: list[dict]) -> dict:
@@ -98,8 +116,9 @@ def table(results: dict[str, list[dict]]) -> str:
         lines.append(f"| {name} | " + " | ".join(cols) + " |")
     lines.append(f"| published: {PUBLISHED['source']}, {PUBLISHED['model']} | ~{PUBLISHED['disagreement']:.0%} "
                  f"| {PUBLISHED['tokens_differing']:.0%} | ~{PUBLISHED['kl_ratio_without_r3']:g}x lower with R3 | - |")
-    with_r3 = [r["policy/rollout_train_k3_kl"] for r in results["bfloat16 sampler, R3"]]
-    without = [r["policy/rollout_train_k3_kl"] for r in results["bfloat16 sampler, no replay"]]
+    with_r3 = next(runs for name, runs in results.items() if name.startswith("bfloat16") and name.endswith("R3"))
+    without = next(runs for name, runs in results.items() if name.endswith("no replay"))
+    with_r3, without = ([r["policy/rollout_train_k3_kl"] for r in runs] for runs in (with_r3, without))
     if statistics.median(with_r3) > 0:
         lines.append(f"\nk3 KL without replay / with R3 (bfloat16 sampler, medians): "
                      f"{statistics.median(without) / statistics.median(with_r3):.2f}x")
@@ -136,8 +155,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     results = {name: [summarize(run(name, overrides, seed, args)) for seed in range(args.seeds)]
-               for name, overrides in SETTINGS.items()}
-    report = {"command": " ".join(["python", *sys.argv]), "recipe": "tiny_moe_cpu", "seeds": args.seeds,
+               for name, overrides in args.settings.items()}
+    report = {"command": " ".join(["python", *sys.argv]), "recipe": args.recipe, "seeds": args.seeds,
               "steps": args.steps, "sft_steps": args.sft_steps, "published": PUBLISHED, "results": results}
     (args.out / "router_mismatch.json").write_text(json.dumps(report, indent=1))
     plot(results, args.out / "router_mismatch.png")
