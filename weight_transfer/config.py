@@ -206,6 +206,11 @@ class WeightTransferConfig:
             raise ValueError(f"weight_transfer.rejoin_wait_s={self.rejoin_wait_s}: must be >= 0 (0: retry at once)")
 
     @property
+    def auto(self) -> bool:
+        """Whether ``transport.type`` is auto (resolve it with :meth:`for_route` before use)."""
+        return _type_of(self.transport) == "auto"
+
+    @property
     def resolved_transport(self) -> TransportConfig:
         """The typed config of the chosen transport (``auto`` must be resolved first: :meth:`for_route`)."""
         return transport_config(self.transport)

@@ -88,8 +88,10 @@ async def _train(cfg: TrainConfig, folder: RunFolder, tracker: Tracker) -> LoopS
                                   env_configs=cfg.envs, num_experts=getattr(hf_config, "num_experts", None),
                                   return_routed_experts=cfg.algorithm.routing_replay.mode.value == "r3",
                                   seed=cfg.run.seed)
-            c = Components(cfg, generator, policy, FleetWeightSync(cfg.weight_transfer, plan, policy, fleet), sampler,
-                           evals, folder, tracker, tokenizer.pad_token_id or 0)
+            weight_sync = FleetWeightSync(cfg.weight_transfer, plan, policy, fleet,
+                                          colocated=cfg.placement.layout == "colocated")
+            c = Components(cfg, generator, policy, weight_sync, sampler, evals, folder, tracker,
+                           tokenizer.pad_token_id or 0)
             state = await _start(c, data_metrics)
             with tracker.phase("rl"):
                 return await SCHEDULES[cfg.schedule.type](c, state)

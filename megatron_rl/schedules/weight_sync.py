@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import struct
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
 
@@ -18,10 +20,13 @@ from megatron_rl.inference.auth import auth_header
 from megatron_rl.runtime.plan import trainer_layout
 from parallel.config import TrainerConfig
 from parallel.worker_group import WorkerGroup, free_port, node_address
-from weight_transfer.config import WeightTransferConfig
+from weight_transfer.config import Route, WeightTransferConfig
 from weight_transfer.coordinator import WeightTransferCoordinator, WeightTransferError
 from weight_transfer.plan import TensorSpec, TransferPlan
 from weight_transfer.replicas import HTTPReplica
+
+log = logging.getLogger("megatron_rl")
+RDMA_DEVICES = Path("/sys/class/infiniband")
 
 
 def checkpoint_specs(model_dir: Path, dtype: str) -> list[TensorSpec]:
@@ -39,6 +44,19 @@ def checkpoint_specs(model_dir: Path, dtype: str) -> list[TensorSpec]:
 def build_plan(model_dir: Path, hf_config, trainer: TrainerConfig, world_size: int, bucket_bytes: int) -> TransferPlan:
     layout = trainer_layout(trainer, world_size, hf_config.num_hidden_layers, getattr(hf_config, "num_experts", 0) or 0)
     return TransferPlan.build(checkpoint_specs(model_dir, trainer.dtype), layout, bucket_bytes)
+
+
+def transfer_route(trainer_nodes: list[str], server_urls: list[str], on_gpu: bool, colocated: bool,
+                   rdma: bool) -> Route:
+    """What ``weight_transfer.transport.type=auto`` chooses by: every engine on a node holding trainer ranks
+    (``same_host``), engines on the trainer's GPUs (``colocated``), GPU buffers, RDMA NICs."""
+    engines = {urlparse(url).hostname for url in server_urls}
+    return Route(on_gpu=on_gpu, colocated=colocated, same_host=bool(engines) and engines <= set(trainer_nodes),
+                 rdma=rdma)
+
+
+def _on_gpu(policy, scratch) -> bool:
+    return torch.cuda.is_available()
 
 
 def _device() -> torch.device:
@@ -108,7 +126,14 @@ class PolicySenders:
 class FleetWeightSync:
     """``await sync(version)``: transfer, verify every replica reports ``version``, tag the fleet."""
 
-    def __init__(self, config: WeightTransferConfig, plan: TransferPlan, group: WorkerGroup, fleet):
+    def __init__(self, config: WeightTransferConfig, plan: TransferPlan, group: WorkerGroup, fleet,
+                 colocated: bool = False):
+        if config.auto:
+            rdma = RDMA_DEVICES.is_dir() and any(RDMA_DEVICES.iterdir())  # this node's NICs stand for all nodes'
+            route = transfer_route(group.nodes, fleet.server_urls, all(group.run(_on_gpu)), colocated, rdma)
+            config = config.for_route(route)
+            log.info("weight_transfer: transport auto -> %s (GPU %s, colocated %s, same host %s, RDMA %s)",
+                     config.resolved_transport.type, route.on_gpu, route.colocated, route.same_host, route.rdma)
         headers = auth_header(fleet.secret)
         replicas = [HTTPReplica(url, on_quarantine=fleet.router.quarantine, headers=headers) for url in fleet.server_urls]
         self.fleet = fleet

@@ -95,7 +95,8 @@ class TrainingService:
                                cfg.placement, reserved.options("inference", cfg.inference.num_servers))
         self.fleet = await self._stack.enter_async_context(fleet)
         plan = build_plan(Path(self.model_path), hf, cfg.trainer, world, cfg.weight_transfer.bucket_bytes)
-        self.weight_sync = FleetWeightSync(cfg.weight_transfer, plan, self.policy, self.fleet)
+        self.weight_sync = FleetWeightSync(cfg.weight_transfer, plan, self.policy, self.fleet,
+                                           colocated=cfg.placement.layout == "colocated")
 
     async def close(self) -> None:
         for task in self.futures.values():

@@ -45,7 +45,9 @@ def test_multi_turn_recipes_write_observations_with_mask_zero(recipe, tmp_path):
 
 
 def test_moe_recipe_trains_with_expert_parallel_and_r3(tmp_path):
-    train(tmp_path, "recipe=tiny_moe_cpu", *QUICK)
+    train(tmp_path, "recipe=tiny_moe_cpu", "weight_transfer.transport.type=auto", *QUICK)
+    assert "weight_transfer: transport auto -> shared_memory (GPU False, colocated False, same host True" in (
+        tmp_path / "log-0.txt").read_text(), "one CPU host: auto picks shared memory"
     folder = tmp_path / "tiny_moe_cpu"
     steps = [m for m in records(folder, "metrics.jsonl") if "reward/mean" in m]
     assert len(steps) == 2 and all(m["generate/with_routed_experts"] == 1.0 for m in steps)

@@ -33,3 +33,17 @@ def test_auto_resolves_with_the_route_and_keeps_the_chosen_transports_options():
 def test_auto_onto_shared_storage_without_a_root_names_the_key():
     with pytest.raises(ValueError, match="weight_transfer.transport.root"):
         WeightTransferConfig(transport=TransportSpec(type="auto")).for_route(Route(on_gpu=False, network=False))
+
+
+def test_the_loop_reads_the_route_from_where_ranks_and_engines_run():
+    from megatron_rl.schedules.weight_sync import transfer_route
+
+    one_host = transfer_route(["127.0.0.1", "127.0.0.1"], ["http://127.0.0.1:8000"], on_gpu=False, colocated=False,
+                              rdma=False)
+    assert one_host.same_host and choose_transport(one_host) == "shared_memory"
+    colocated = transfer_route(["10.0.0.1"], ["http://10.0.0.1:8000"], on_gpu=True, colocated=True, rdma=False)
+    assert choose_transport(colocated) == "cuda_ipc"
+    apart = transfer_route(["10.0.0.1", "10.0.0.2"], ["http://10.0.0.1:8000", "http://10.0.0.3:8000"], on_gpu=True,
+                           colocated=False, rdma=True)
+    assert not apart.same_host and choose_transport(apart) == "nixl"
+    assert choose_transport(transfer_route(["10.0.0.1"], ["http://10.0.0.2:8000"], True, False, False)) == "broadcast"
