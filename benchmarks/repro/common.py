@@ -6,8 +6,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -39,6 +41,9 @@ def train(out: Path, run_name: str, words: list[str], prog: str, steps: int | No
         rows = _rl_steps(runs / run_name)
         if len(rows) == steps:
             return rows
+    if (runs / run_name).exists():
+        raise SystemExit(f"{prog}: {runs / run_name} holds a run with other settings or one cut short; "
+                         f"remove it, or pass another --out")
     with open(log, "w") as f:
         code = subprocess.run([sys.executable, "-m", "megatron_rl.cli", "train", f"run.output_dir={runs}",
                                f"run.name={run_name}", *words], stdout=f, stderr=subprocess.STDOUT,
@@ -51,3 +56,25 @@ def train(out: Path, run_name: str, words: list[str], prog: str, steps: int | No
 
 def _rl_steps(run_dir: Path) -> list[dict]:
     return [m for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "reward/mean" in m]
+
+
+def median_range(values: list, pct: bool) -> str:
+    """The median over seeds with (min-max) where there are several, as a percentage or in e-notation; "-" where
+    a run logged none."""
+    if any(v is None for v in values):
+        return "-"
+    mid = statistics.median(values)
+    text = f"{100 * mid:.2f}%" if pct else f"{mid:.2e}"
+    if len(values) > 1:
+        lo, hi = min(values), max(values)
+        text += f" ({100 * lo:.2f}-{100 * hi:.2f}%)" if pct else f" ({lo:.1e}-{hi:.1e})"
+    return text
+
+
+def publish(out: Path, name: str, report: dict, plot: Callable[[Path], None], table: str) -> None:
+    """Write ``name``.json (``report`` and the command line) and ``name``.png (``plot(path)``) under ``out``;
+    print the table and where they went."""
+    (out / f"{name}.json").write_text(json.dumps({"command": " ".join(["python", *sys.argv]), **report}, indent=1))
+    plot(out / f"{name}.png")
+    print(table)
+    print(f"\nwrote {out / f'{name}.json'} and {out / f'{name}.png'}")

@@ -33,12 +33,10 @@ read, not run again.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 from pathlib import Path
 
-from common import Parser, positive_int, train
+from common import Parser, median_range, positive_int, publish, train
 
 PUBLISHED = {
     "source": "Qwen, Stabilizing RL with LLMs (arXiv 2512.01374)",
@@ -87,23 +85,13 @@ def summarize(steps: list[dict]) -> dict:
     return out
 
 
-def _fmt(values: list, pct: bool) -> str:
-    if any(v is None for v in values):
-        return "-"
-    mid = statistics.median(values)
-    text = f"{100 * mid:.2f}%" if pct else f"{mid:.2e}"
-    if len(values) > 1:
-        text += f" ({100 * min(values):.2f}-{100 * max(values):.2f}%)" if pct else f" ({min(values):.1e}-{max(values):.1e})"
-    return text
-
-
 def table(results: dict[str, list[dict]]) -> str:
     """Markdown: one row per (ratio, replay), medians over seeds (min-max), the paper's claim per ratio."""
     lines = ["| batch / mini-batch | replay | PPO KL (lag) | PPO clip | k3 KL(trainer, sampler) | routers changed "
              "| grad norm | reward, first 5 -> last 5 steps | published |", "|---|---|---|---|---|---|---|---|---|"]
     for key, runs in results.items():
         ratio, mode = key.split("/")
-        cols = [_fmt([r[k] for r in runs], pct=k in ("policy/ppo_clip_ratio", "routing/disagreement"))
+        cols = [median_range([r[k] for r in runs], pct=k in ("policy/ppo_clip_ratio", "routing/disagreement"))
                 for k in METRICS[:-1]]
         reward = (f"{statistics.median(r['reward/first'] for r in runs):.3f} -> "
                   f"{statistics.median(r['reward/last'] for r in runs):.3f}")
@@ -143,13 +131,9 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     results = {f"{ratio}/{mode}": [summarize(run(ratio, mode, seed, args)) for seed in range(args.seeds)]
                for ratio, mode in args.settings}
-    report = {"command": " ".join(["python", *sys.argv]), "recipe": "tiny_moe_cpu", "batch_groups": BATCH_GROUPS,
-              "seeds": args.seeds, "steps": args.steps, "sft_steps": args.sft_steps, "published": PUBLISHED,
-              "results": results}
-    (args.out / "r2_vs_r3.json").write_text(json.dumps(report, indent=1))
-    plot(results, args.out / "r2_vs_r3.png")
-    print(table(results))
-    print(f"\nwrote {args.out / 'r2_vs_r3.json'} and {args.out / 'r2_vs_r3.png'}")
+    report = {"recipe": "tiny_moe_cpu", "batch_groups": BATCH_GROUPS, "seeds": args.seeds, "steps": args.steps,
+              "sft_steps": args.sft_steps, "published": PUBLISHED, "results": results}
+    publish(args.out, "r2_vs_r3", report, lambda path: plot(results, path), table(results))
 
 
 if __name__ == "__main__":

@@ -38,12 +38,10 @@ Writes ``router_mismatch.json`` and ``router_mismatch.png`` to ``--out``.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 from pathlib import Path
 
-from common import Parser, positive_int, train
+from common import Parser, median_range, positive_int, publish, train
 
 PUBLISHED = {
     "source": "R3 (Ma et al., arXiv 2510.11370)",
@@ -96,23 +94,12 @@ def summarize(steps: list[dict]) -> dict:
     return {k: statistics.fmean(s[k] for s in steps) if all(k in s for s in steps) else None for k in METRICS}
 
 
-def _fmt(values: list, pct: bool) -> str:
-    if any(v is None for v in values):
-        return "-"
-    mid = statistics.median(values)
-    text = f"{100 * mid:.2f}%" if pct else f"{mid:.2e}"
-    if len(values) > 1:
-        lo, hi = min(values), max(values)
-        text += f" ({100 * lo:.2f}-{100 * hi:.2f}%)" if pct else f" ({lo:.1e}-{hi:.1e})"
-    return text
-
-
 def table(results: dict[str, list[dict]]) -> str:
     """Markdown: one row per setting (median over seeds, min-max), the R3 paper's numbers beside."""
     lines = ["| setting | routers disagreeing | tokens differing in >= 1 layer | k3 KL(trainer, sampler) "
              "| mean abs log-prob gap |", "|---|---|---|---|---|"]
     for name, runs in results.items():
-        cols = [_fmt([r[k] for r in runs], pct=k.startswith("routing/")) for k in METRICS]
+        cols = [median_range([r[k] for r in runs], pct=k.startswith("routing/")) for k in METRICS]
         lines.append(f"| {name} | " + " | ".join(cols) + " |")
     lines.append(f"| published: {PUBLISHED['source']}, {PUBLISHED['model']} | ~{PUBLISHED['disagreement']:.0%} "
                  f"| {PUBLISHED['tokens_differing']:.0%} | ~{PUBLISHED['kl_ratio_without_r3']:g}x lower with R3 | - |")
@@ -156,12 +143,9 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     results = {name: [summarize(run(name, overrides, seed, args)) for seed in range(args.seeds)]
                for name, overrides in args.settings.items()}
-    report = {"command": " ".join(["python", *sys.argv]), "recipe": args.recipe, "seeds": args.seeds,
-              "steps": args.steps, "sft_steps": args.sft_steps, "published": PUBLISHED, "results": results}
-    (args.out / "router_mismatch.json").write_text(json.dumps(report, indent=1))
-    plot(results, args.out / "router_mismatch.png")
-    print(table(results))
-    print(f"\nwrote {args.out / 'router_mismatch.json'} and {args.out / 'router_mismatch.png'}")
+    report = {"recipe": args.recipe, "seeds": args.seeds, "steps": args.steps, "sft_steps": args.sft_steps,
+              "published": PUBLISHED, "results": results}
+    publish(args.out, "router_mismatch", report, lambda path: plot(results, path), table(results))
 
 
 if __name__ == "__main__":
