@@ -1,7 +1,9 @@
 """The update protocol, loop side: connect → receive (senders push while replicas stage; where the send
 alone leaves the buckets in the replicas' reach, as CUDA IPC does, the replicas stage at finish) → pause →
 finish (verify, load, report version) → resume. Failed replicas are retried on a fresh session, then quarantined;
-the fleet resumes only when every replica still serving reports the new version.
+the fleet resumes only when every replica still serving reports the new version. A replica that the caller's
+``lost`` probe names (its node died) is not waited for: calls to it stop being waited on within
+``LOST_POLL_S`` and it is quarantined at once, without retries.
 
 A replica that restarts (its process dies and a supervisor starts it again at the same address) comes back
 with the checkpoint's weights and no plan or session: a retry waits up to ``rejoin_wait_s`` for it to answer,
@@ -11,7 +13,8 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -22,6 +25,9 @@ from weight_transfer.session import new_session
 from weight_transfer.transports import receives_after_send
 
 log = logging.getLogger("weight_transfer")
+
+LOST_POLL_S = 5.0
+"""While calls wait on replicas longer than this, the ``lost`` probe is asked again every as long."""
 
 LEGS = ("send", "receive", "receive_worker", "pause_call", "finish", "finish_worker", "verify")
 """The legs the metrics report as ``weight_transfer/<leg>_seconds`` (see ``_Attempt.legs``)."""
@@ -69,8 +75,13 @@ class _Attempt:
 
 
 class WeightTransferCoordinator:
-    def __init__(self, config: WeightTransferConfig, plan: TransferPlan, replicas: list[Replica], senders: Senders):
-        self.config, self.replicas, self.senders = config, list(replicas), senders
+    """``lost``: returns ``{replica name: why}`` for replicas gone for good (a dead node): such a replica is
+    neither waited for (its calls' own timeouts run to ``2 * timeout_s + 30`` s) nor retried."""
+
+    def __init__(self, config: WeightTransferConfig, plan: TransferPlan, replicas: list[Replica], senders: Senders,
+                 lost: Callable[[], dict[str, str]] | None = None):
+        self.config, self.replicas, self.senders, self.lost = config, list(replicas), senders, lost
+        self.gone: dict[str, str] = {}
         self.versions: dict[str, int | None] = {r.name: None for r in replicas}
         self.quarantined: dict[str, str] = {}
         self._session_targets: list[str] | None = None
@@ -134,7 +145,8 @@ class WeightTransferCoordinator:
 
     def _attempt(self, version: int, targets: list[Replica]) -> tuple[_Attempt, float]:
         result = _Attempt()
-        targets = [r for r in targets if r.healthy() or result.fail(r, "not healthy (no answer)")]
+        targets = [r for r in targets if (r.name not in self.gone and r.healthy())
+                   or result.fail(r, self.gone.get(r.name, "not healthy (no answer)"))]
         if targets and self._session_targets != [r.name for r in targets]:
             targets = self._connect(targets, result)
         if not targets:
@@ -149,7 +161,7 @@ class WeightTransferCoordinator:
         if received is not None:
             targets = [r for r, answer in zip(targets, received) if self._received(r, answer, result)]
         result.paused_at = time.perf_counter()
-        paused = _run_all([(lambda r=r: r.pause(self.config.pause_mode)) for r in targets])
+        paused = _run_all([(lambda r=r: r.pause(self.config.pause_mode)) for r in targets], self._watch(targets))
         ready = [r for r, out in zip(targets, paused) if not isinstance(out, Exception) or result.fail(r, f"pause: {out}")]
         finish_at = time.perf_counter()
         result.legs["pause_call"] = finish_at - result.paused_at
@@ -182,7 +194,7 @@ class WeightTransferCoordinator:
         calls = [lambda: self.senders.connect(session)] + [
             (lambda r=r, b=b: r.call("wt_init_transport", {"session": session, "rank_base": b}, self._rpc_timeout))
             for r, b in zip(targets, bases)]
-        outcomes = _run_all(calls)
+        outcomes = _run_all(calls, self._watch([None] + targets))
         if isinstance(outcomes[0], Exception):
             result.sender_error = f"connect: {outcomes[0]}"
             for replica in targets:
@@ -218,9 +230,12 @@ class WeightTransferCoordinator:
             sent, received = _guarded(send), None
             result.legs = {"send": ends["send"] - start}
         else:
-            sent, *received = _run_all([send] + [(lambda r=r: receive_on(r)) for r in targets])
+            sent, *received = _run_all([send] + [(lambda r=r: receive_on(r)) for r in targets],
+                                       self._watch([None] + targets))
             worker = [a["seconds"] for answer in received if isinstance(answer, list) for a in answer if a.get("ok")]
-            result.legs = {"send": ends["send"] - start, "receive": max(ends[r.name] for r in targets) - start,
+            returned = time.perf_counter()  # an abandoned call (its replica lost) has no end of its own
+            result.legs = {"send": ends["send"] - start,
+                           "receive": max(ends.get(r.name, returned) for r in targets) - start,
                            "receive_worker": max(worker, default=0.0)}
         if isinstance(sent, Exception):
             result.sender_error = f"{type(sent).__name__}: {sent}"
@@ -243,7 +258,8 @@ class WeightTransferCoordinator:
         msg = {"version": version, "expected": expected, "digests": bool(sent["tensors"])}
         if receive_at_finish:
             msg["receive"] = self._receive_msg(version)
-        answers = _run_all([(lambda r=r: r.call("wt_finish", msg, self._rpc_timeout)) for r in ready])
+        answers = _run_all([(lambda r=r: r.call("wt_finish", msg, self._rpc_timeout)) for r in ready],
+                           self._watch(ready))
         for replica, answer in zip(ready, answers):
             error = self._check_report(version, answer, expected, sent["tensors"])
             if error:
@@ -274,6 +290,17 @@ class WeightTransferCoordinator:
         """RPC limit for blocking receiver calls: longer than the transport's own, so the transport names the fault."""
         return 2 * self.config.timeout_s + 30
 
+    def _watch(self, peers: list[Replica | None]) -> Callable[[], dict[int, str]] | None:
+        """The ``gone`` probe of ``_run_all`` for calls that wait on ``peers`` (None: a sender's call)."""
+        if self.lost is None:
+            return None
+
+        def gone() -> dict[int, str]:
+            self.gone.update(self.lost())
+            return {i: f"{p.name}: {self.gone[p.name]}" for i, p in enumerate(peers)
+                    if p is not None and p.name in self.gone}
+        return gone
+
     def _live(self) -> list[Replica]:
         return [r for r in self.replicas if r.name not in self.quarantined]
 
@@ -288,7 +315,9 @@ class WeightTransferCoordinator:
             return
         for name in attempt.errors:
             failures[name] = failures.get(name, 0) + 1
-            if failures[name] > self.config.max_retries:
+            if name in self.gone:
+                self._quarantine(name, f"{self.gone[name]}; {attempt.errors[name]}")
+            elif failures[name] > self.config.max_retries:
                 self._quarantine(name, attempt.errors[name])
 
     def _quarantine(self, name: str, reason: str) -> None:
@@ -332,9 +361,20 @@ def _guarded(call):
         return err
 
 
-def _run_all(calls: list) -> list:
-    """Run ``calls`` concurrently; each result is its return value or the exception it raised."""
-    return list(_POOL.map(_guarded, calls))
+def _run_all(calls: list, gone: Callable[[], dict[int, str]] | None = None) -> list:
+    """Run ``calls`` concurrently; each result is its return value or the exception it raised. ``gone``, asked
+    every ``LOST_POLL_S`` while calls run, names calls whose peer is lost for good: they are not waited for
+    (their threads end at their own timeouts) and give ``ReplicaDown``."""
+    futures = [_POOL.submit(_guarded, call) for call in calls]
+    abandoned: dict[int, Exception] = {}
+    while gone is not None:
+        pending = [f for i, f in enumerate(futures) if i not in abandoned and not f.done()]
+        if not pending or not wait(pending, timeout=LOST_POLL_S).not_done:
+            break
+        for i, why in gone().items():
+            if not futures[i].done():
+                abandoned.setdefault(i, ReplicaDown(why))
+    return [abandoned[i] if i in abandoned else f.result() for i, f in enumerate(futures)]
 
 
 def _each(replicas: list[Replica], call) -> None:

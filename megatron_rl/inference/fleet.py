@@ -137,11 +137,16 @@ class InferenceFleet:
                 raise
             raise lost from err
 
+    def lost_nodes(self, silent_is_lost: bool = True) -> list[str]:
+        """Addresses of the nodes whose servers Ray counts dead, whose server actors died or (``silent_is_lost``)
+        do not answer. A lost node stays lost: once one is found, Ray is not asked again."""
+        if not self._lost and self.local is not None:
+            self._lost = self.local.lost_nodes(silent_is_lost=silent_is_lost)
+        return self._lost
+
     def node_loss(self, err: Exception) -> NodeLostError | None:
         """``err`` restated as the loss of the nodes behind it, when Ray counts them dead or they do not answer."""
-        if not self._lost and self.local is not None:  # a lost node stays lost: stop asking once one is found
-            self._lost = self.local.lost_nodes()
-        lost = self._lost
+        lost = self.lost_nodes()
         if not lost:
             return None
         return NodeLostError(f"inference node(s) {', '.join(lost)} lost (Ray counts it dead or its server's actor "

@@ -86,7 +86,7 @@ class LocalServers:
             server.stop(grace_s)
         atexit.unregister(self.stop)
 
-    def lost_nodes(self) -> list[str]:
+    def lost_nodes(self, timeout_s: float = 10.0, silent_is_lost: bool = True) -> list[str]:
         """Nodes whose servers went away with them: none, the servers run on this host."""
         return []
 
@@ -143,9 +143,10 @@ class RayServers:
             raise
         return self
 
-    def lost_nodes(self, timeout_s: float = 10.0) -> list[str]:
-        """Addresses of the nodes of this fleet's servers that Ray counts dead or whose server actor does not
-        answer within ``timeout_s`` (Ray takes up to a minute to declare a node that stopped answering dead)."""
+    def lost_nodes(self, timeout_s: float = 10.0, silent_is_lost: bool = True) -> list[str]:
+        """Addresses of the nodes of this fleet's servers that Ray counts dead, whose server actor died, or (with
+        ``silent_is_lost``) whose actor does not answer within ``timeout_s`` (Ray takes up to a minute to declare
+        a node that stopped answering dead; a busy machine can also be slow to answer)."""
         import ray
         from urllib.parse import urlsplit
 
@@ -155,7 +156,7 @@ class RayServers:
         lost = set()
         for url, ping in zip(self.urls, pings):
             node = urlsplit(url).hostname
-            if node not in alive or ping not in ready or _failed(ping):
+            if node not in alive or (ping not in ready and silent_is_lost) or (ping in ready and _failed(ping)):
                 lost.add(node)
         return sorted(lost)
 

@@ -137,7 +137,15 @@ class FleetWeightSync:
         headers = auth_header(fleet.secret)
         replicas = [HTTPReplica(url, on_quarantine=fleet.router.quarantine, headers=headers) for url in fleet.server_urls]
         self.fleet = fleet
-        self.coordinator = WeightTransferCoordinator(config, plan, replicas, PolicySenders(group, plan))
+        self.coordinator = WeightTransferCoordinator(config, plan, replicas, PolicySenders(group, plan),
+                                                     lost=self._lost_replicas)
+
+    def _lost_replicas(self) -> dict[str, str]:
+        """Replicas on nodes Ray counts dead or whose server died: the update stops waiting for them and
+        quarantines them (a merely slow answer is no proof here: a healthy replica would be dropped)."""
+        nodes = set(self.fleet.lost_nodes(silent_is_lost=False))
+        return {r.name: f"its node {urlparse(r.name).hostname} is lost" for r in self.coordinator.replicas
+                if urlparse(r.name).hostname in nodes}
 
     async def __call__(self, version: int) -> dict[str, float]:
         try:
