@@ -5,7 +5,8 @@ on-policy training (one optimizer step per batch) needs no routing replay; with 
 mini-batch, R2 (replaying the routing of the trainer's old-log-prob pass) suffices; at 4x and beyond R3
 (replaying the sampler's routing) is needed to keep training stable.
 
-What runs: the real job (``megatron-rl train recipe=tiny_moe_cpu``: a tiny Qwen3-MoE, 2 MoE layers, top-2 of 4
+What runs: the real job (``megatron-rl train recipe=tiny_moe_mismatch_cpu``, ``tiny_moe_cpu`` with a bf16
+sampler and 150 SFT steps: a tiny Qwen3-MoE, 2 MoE layers, top-2 of 4
 experts, expert parallel over 2 megatron-core ranks in float32) with its vLLM CPU sampler in bfloat16
 (``inference.server.dtype=bfloat16``), so sampler and trainer differ as bf16 engines do. Each batch of 8
 groups is cut into 8 / ratio mini-batches (``algorithm.ppo_mini_batch_size``), one optimizer step each, with
@@ -56,7 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="CI smoke run: ratio 2, R2 and R3, 1 seed, 1 step")
     p.add_argument("--seeds", type=positive_int, help="seeds per setting (default 2)")
     p.add_argument("--steps", type=positive_int, help="RL steps per run (default 20)")
-    p.add_argument("--sft-steps", type=positive_int, default=150, help="SFT warm-start steps (default 150)")
+    p.add_argument("--sft-steps", type=positive_int, help="SFT warm-start steps (default: the recipe's 150)")
     p.add_argument("--out", type=Path, default=Path("r2_vs_r3_out"), help="folder for the runs, JSON and plot")
     args = p.parse_args(argv)
     quick = (1, 1) if args.quick else (2, 20)
@@ -67,11 +68,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run(ratio: int, mode: str, seed: int, args: argparse.Namespace) -> list[dict]:
-    """One ``tiny_moe_cpu`` run at this batch/mini-batch ratio and replay; its per-step metrics."""
-    words = ["recipe=tiny_moe_cpu", f"run.seed={seed}", f"schedule.total_steps={args.steps}", "schedule.eval_every=0",
-             "inference.server.dtype=bfloat16", f"data.train_batch_size={BATCH_GROUPS}",
+    """One ``tiny_moe_mismatch_cpu`` run at this batch/mini-batch ratio and replay; its per-step metrics."""
+    words = ["recipe=tiny_moe_mismatch_cpu", f"run.seed={seed}", f"schedule.total_steps={args.steps}",
+             "schedule.eval_every=0",
+             f"data.train_batch_size={BATCH_GROUPS}",
              f"algorithm.ppo_mini_batch_size={BATCH_GROUPS // ratio}", f"algorithm.routing_replay.mode={mode}",
-             f"sft.steps={args.sft_steps}"]
+             *([f"sft.steps={args.sft_steps}"] if args.sft_steps else [])]
     return train(args.out, f"ratio{ratio}-{mode}-s{seed}", words, "r2_vs_r3", steps=args.steps)
 
 
@@ -131,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     results = {f"{ratio}/{mode}": [summarize(run(ratio, mode, seed, args)) for seed in range(args.seeds)]
                for ratio, mode in args.settings}
-    report = {"recipe": "tiny_moe_cpu", "batch_groups": BATCH_GROUPS, "seeds": args.seeds, "steps": args.steps,
+    report = {"recipe": "tiny_moe_mismatch_cpu", "batch_groups": BATCH_GROUPS, "seeds": args.seeds, "steps": args.steps,
               "sft_steps": args.sft_steps, "published": PUBLISHED, "results": results}
     publish(args.out, "r2_vs_r3", report, lambda path: plot(results, path), table(results))
 

@@ -5,7 +5,8 @@ a correction, the mismatch between the sampler's and the trainer's probabilities
 collapse; with it, training holds. IcePop: tokens whose probability ratio leaves about [0.5, 2] must be masked.
 R3 (arXiv 2510.11370): without routing replay 3 of 3 Qwen3-30B-A3B runs collapsed, with it none.
 
-What runs: the real job (``megatron-rl train recipe=tiny_moe_cpu``: a tiny Qwen3-MoE, 2 MoE layers, top-2 of 4
+What runs: the real job (``megatron-rl train recipe=tiny_moe_mismatch_cpu``, ``tiny_moe_cpu`` with a bf16
+sampler and 150 SFT steps: a tiny Qwen3-MoE, 2 MoE layers, top-2 of 4
 experts, expert parallel over 2 megatron-core ranks in float32, the recipe's RL rate 5e-4) after a 150-step SFT
 warm start, under a real mismatch from two sources at once: the vLLM CPU sampler runs in bfloat16
 (``inference.server.dtype=bfloat16``) and the fully asynchronous schedule lets rollouts start up to 4 weight
@@ -57,20 +58,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="CI smoke run: no correction and token TIS, 1 seed, 2 steps")
     p.add_argument("--seeds", type=positive_int, help="seeds per setting (default 3)")
     p.add_argument("--steps", type=positive_int, help="RL steps per run (default 20)")
-    p.add_argument("--sft-steps", type=positive_int, default=150, help="SFT warm-start steps (default 150)")
+    p.add_argument("--sft-steps", type=positive_int, help="SFT warm-start steps (default: the recipe's 150)")
+    p.add_argument("--lr", type=float, help="RL learning rate (default: the recipe's 5e-4)")
+    p.add_argument("--settings", type=_settings, help=f"comma list of settings by their number, 1-{len(SETTINGS)} in "
+                   f"the order {list(SETTINGS)} (default: all)")
     p.add_argument("--out", type=Path, default=Path("stability_out"), help="folder for the runs, JSON and plot")
     args = p.parse_args(argv)
     quick = (1, 2) if args.quick else (3, 20)
     args.seeds, args.steps = args.seeds or quick[0], args.steps or quick[1]
-    args.settings = {k: SETTINGS[k] for k in QUICK} if args.quick else SETTINGS
+    chosen = args.settings or (QUICK if args.quick else list(SETTINGS))
+    args.settings = {k: SETTINGS[k] for k in chosen}
     return args
 
 
+def _settings(text: str) -> list[str]:
+    names, picked = list(SETTINGS), text.split(",")
+    if not all(n.strip().isdigit() and 1 <= int(n) <= len(names) for n in picked):
+        raise argparse.ArgumentTypeError(f"expected numbers 1-{len(names)} separated by commas, got {text!r}")
+    return [names[int(n) - 1] for n in picked]
+
+
 def run(name: str, overrides: dict, seed: int, args: argparse.Namespace) -> list[dict]:
-    """One ``tiny_moe_cpu`` run under the mismatch with ``overrides``; its per-step metrics."""
+    """One ``tiny_moe_mismatch_cpu`` run under the mismatch with ``overrides``; its per-step metrics."""
     slug = name.lower().replace(" + ", "-").replace(", ", "-").replace(" ", "_")
-    words = ["recipe=tiny_moe_cpu", f"run.seed={seed}", f"schedule.total_steps={args.steps}", "schedule.eval_every=0",
-             f"sft.steps={args.sft_steps}", *(f"{k}={v}" for k, v in {**MISMATCH, **overrides}.items())]
+    words = ["recipe=tiny_moe_mismatch_cpu", f"run.seed={seed}", f"schedule.total_steps={args.steps}",
+             "schedule.eval_every=0",
+             *([f"sft.steps={args.sft_steps}"] if args.sft_steps else []),
+             *([f"trainer.optimizer.lr={args.lr}"] if args.lr else []),
+             *(f"{k}={v}" for k, v in {**MISMATCH, **overrides}.items())]
     return train(args.out, f"{slug}-s{seed}", words, "stability", steps=args.steps)
 
 
@@ -135,8 +150,8 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     results = {name: [summarize(run(name, overrides, seed, args)) for seed in range(args.seeds)]
                for name, overrides in args.settings.items()}
-    report = {"recipe": "tiny_moe_cpu", "mismatch": MISMATCH, "seeds": args.seeds, "steps": args.steps,
-              "sft_steps": args.sft_steps, "published": PUBLISHED, "results": results}
+    report = {"recipe": "tiny_moe_mismatch_cpu", "mismatch": MISMATCH, "seeds": args.seeds, "steps": args.steps,
+              "sft_steps": args.sft_steps, "lr": args.lr, "published": PUBLISHED, "results": results}
     publish(args.out, "stability", report, lambda path: plot(results, path), table(results))
 
 
