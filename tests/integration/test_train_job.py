@@ -84,38 +84,47 @@ def test_dynamic_sampling_samples_groups_until_enough_vary_and_trains_on_the_fir
     assert sum(m["generate/dynamic_sampling_groups"] for m in steps) > 8, "extra rounds must have run"
 
 
-def _wait_for_checkpoint(folder: Path, step: int, proc, timeout: float = 1200) -> None:
+def _kill_after_a_checkpoint(folder: Path, proc, timeout: float = 1200) -> int:
+    """SIGKILL the run (its whole process group) once it has checkpointed a step; the step it can resume from.
+    RL steps here take ~0.3 s, so the tracker is polled often: the run must not finish between two polls."""
     tracker = folder / "checkpoints" / "latest_checkpointed_step.txt"
     deadline = time.time() + timeout
-    while not (tracker.exists() and tracker.read_text().strip() == str(step)):
-        assert proc.poll() is None and time.time() < deadline, "run ended before its checkpoint"
-        time.sleep(1)
+    while not (tracker.exists() and tracker.read_text().strip()):
+        assert proc.poll() is None and time.time() < deadline, "run ended before its first checkpoint"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    subprocess.run([str(Path(sys.executable).with_name("ray")), "stop", "--force"], capture_output=True)
+    return int(tracker.read_text().strip())
 
 
 def test_a_killed_ppo_run_resumes_and_matches_an_uninterrupted_one(tmp_path):
     """PPO with a critic and both KL forms, so the resume must restore policy, critic and reference."""
-    # 60 SFT steps at a high LR make the unit model earn mixed rewards, so step 3 has a real gradient.
+    # 60 SFT steps at a high LR make the unit model earn mixed rewards, so later steps have a real gradient.
+    total = 6
     common = ["recipe=tiny_ppo_cpu", "algorithm.kl.use_kl_loss=true", "model.tiny_size=unit", "sft.steps=60",
-              "trainer.optimizer.lr=3e-3", "trainer.optimizer.lr_decay_steps=63", "schedule.total_steps=3",
+              "trainer.optimizer.lr=3e-3", "trainer.optimizer.lr_decay_steps=63", f"schedule.total_steps={total}",
               "schedule.checkpoint_every=1", "schedule.eval_every=0", "data.train_batch_size=4"]
     (tmp_path / "a").mkdir()
     train(tmp_path / "a", "run.name=whole", *common)
     (tmp_path / "b").mkdir()
     proc = train(tmp_path / "b", "run.name=cut", *common, wait=False)
-    _wait_for_checkpoint(tmp_path / "b" / "cut", 2, proc)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    subprocess.run([str(Path(sys.executable).with_name("ray")), "stop", "--force"], capture_output=True)
-    saved = tmp_path / "b" / "cut" / "checkpoints" / "step_2" / "trainer"
+    saved_step = _kill_after_a_checkpoint(tmp_path / "b" / "cut", proc)
+    assert saved_step < total, f"the run finished all {total} steps before it could be killed"
+    saved = tmp_path / "b" / "cut" / "checkpoints" / f"step_{saved_step}" / "trainer"
     assert sorted(p.name for p in saved.iterdir()) == ["critic", "policy", "reference"]
     train(tmp_path / "b", "run.name=cut", "run.resume=latest", *common)
     whole = {m["step"]: m for m in records(tmp_path / "a" / "whole", "metrics.jsonl") if "reward/mean" in m}
-    cut = [m for m in records(tmp_path / "b" / "cut", "metrics.jsonl") if "reward/mean" in m]
-    resumed = cut[-1]
-    assert resumed["step"] == 3
-    assert whole[3]["reward/mean"] > 0 and whole[3]["policy/grad_norm"] > 0, "step 3 must carry a gradient"
-    assert whole[3]["critic/grad_norm"] > 0 and whole[3]["policy/kl"] > 0, "critic and reference must take part"
+    # a step trained after the last checkpoint and before the kill is trained again: its last record counts
+    cut = {m["step"]: m for m in records(tmp_path / "b" / "cut", "metrics.jsonl") if "reward/mean" in m}
+    assert sorted(cut) == list(range(1, total + 1))
+    resumed = list(range(saved_step + 1, total + 1))
+    assert any(whole[s]["reward/mean"] > 0 and whole[s]["policy/grad_norm"] > 0 for s in resumed), \
+        f"a resumed step ({resumed}) must carry a gradient"
+    assert any(whole[s]["critic/grad_norm"] > 0 and whole[s]["policy/kl"] > 0 for s in resumed), \
+        "critic and reference must take part"
     keys = ("reward/mean", "generate/response_length", "policy/loss", "policy/grad_norm", "policy/kl",
             "reward/kl_penalty", "critic/value_mean", "critic/abs_error", "critic/grad_norm")
-    for key in keys:
-        assert resumed[key] == pytest.approx(whole[3][key], rel=1e-4, abs=1e-5), key
+    for step in resumed:
+        for key in keys:
+            assert cut[step][key] == pytest.approx(whole[step][key], rel=1e-4, abs=1e-5), (step, key)
