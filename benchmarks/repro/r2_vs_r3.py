@@ -48,6 +48,7 @@ BATCH_GROUPS = 8
 RATIOS = (1, 2, 4)
 MODES = ("none", "r2", "r3")
 WINDOW = 5
+RECIPE = "tiny_moe_mismatch_cpu"
 METRICS = ("policy/ppo_kl", "policy/ppo_clip_ratio", "policy/rollout_train_k3_kl", "routing/disagreement",
            "policy/grad_norm", "reward/mean")
 
@@ -69,8 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run(ratio: int, mode: str, seed: int, args: argparse.Namespace) -> list[dict]:
     """One ``tiny_moe_mismatch_cpu`` run at this batch/mini-batch ratio and replay; its per-step metrics."""
-    words = ["recipe=tiny_moe_mismatch_cpu", f"run.seed={seed}", f"schedule.total_steps={args.steps}",
-             "schedule.eval_every=0",
+    words = [f"recipe={RECIPE}", f"run.seed={seed}", f"schedule.total_steps={args.steps}", "schedule.eval_every=0",
              f"data.train_batch_size={BATCH_GROUPS}",
              f"algorithm.ppo_mini_batch_size={BATCH_GROUPS // ratio}", f"algorithm.routing_replay.mode={mode}",
              *([f"sft.steps={args.sft_steps}"] if args.sft_steps else [])]
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     results = {f"{ratio}/{mode}": [summarize(run(ratio, mode, seed, args)) for seed in range(args.seeds)]
                for ratio, mode in args.settings}
-    report = {"recipe": "tiny_moe_mismatch_cpu", "batch_groups": BATCH_GROUPS, "seeds": args.seeds, "steps": args.steps,
+    report = {"recipe": RECIPE, "batch_groups": BATCH_GROUPS, "seeds": args.seeds, "steps": args.steps,
               "sft_steps": args.sft_steps, "published": PUBLISHED, "results": results}
     publish(args.out, "r2_vs_r3", report, lambda path: plot(results, path), table(results))
 

@@ -51,6 +51,7 @@ SETTINGS = {
 }
 QUICK = ("R3, no correction", "R3 + token TIS")
 WINDOW = 5
+RECIPE = "tiny_moe_mismatch_cpu"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -81,8 +82,7 @@ def _settings(text: str) -> list[str]:
 def run(name: str, overrides: dict, seed: int, args: argparse.Namespace) -> list[dict]:
     """One ``tiny_moe_mismatch_cpu`` run under the mismatch with ``overrides``; its per-step metrics."""
     slug = name.lower().replace(" + ", "-").replace(", ", "-").replace(" ", "_")
-    words = ["recipe=tiny_moe_mismatch_cpu", f"run.seed={seed}", f"schedule.total_steps={args.steps}",
-             "schedule.eval_every=0",
+    words = [f"recipe={RECIPE}", f"run.seed={seed}", f"schedule.total_steps={args.steps}", "schedule.eval_every=0",
              *([f"sft.steps={args.sft_steps}"] if args.sft_steps else []),
              *([f"trainer.optimizer.lr={args.lr}"] if args.lr else []),
              *(f"{k}={v}" for k, v in {**MISMATCH, **overrides}.items())]
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     results = {name: [summarize(run(name, overrides, seed, args)) for seed in range(args.seeds)]
                for name, overrides in args.settings.items()}
-    report = {"recipe": "tiny_moe_mismatch_cpu", "mismatch": MISMATCH, "seeds": args.seeds, "steps": args.steps,
+    report = {"recipe": RECIPE, "mismatch": MISMATCH, "seeds": args.seeds, "steps": args.steps,
               "sft_steps": args.sft_steps, "lr": args.lr, "published": PUBLISHED, "results": results}
     publish(args.out, "stability", report, lambda path: plot(results, path), table(results))
 

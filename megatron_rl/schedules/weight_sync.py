@@ -144,8 +144,8 @@ class FleetWeightSync:
         """Replicas on nodes Ray counts dead or whose server died: the update stops waiting for them and
         quarantines them (a merely slow answer is no proof here: a healthy replica would be dropped)."""
         nodes = set(self.fleet.lost_nodes(silent_is_lost=False))
-        return {r.name: f"its node {urlparse(r.name).hostname} is lost" for r in self.coordinator.replicas
-                if urlparse(r.name).hostname in nodes}
+        hosts = {r.name: urlparse(r.name).hostname for r in self.coordinator.replicas}
+        return {name: f"its node {host} is lost" for name, host in hosts.items() if host in nodes}
 
     async def __call__(self, version: int) -> dict[str, float]:
         try:
