@@ -28,8 +28,10 @@ QUIET_WARNINGS = (
     "`torch.distributed.reduce_scatter_tensor` is deprecated",
     "`torch.distributed.all_gather_into_tensor` is deprecated",
 )
-# Loggers whose warnings are notices to megatron developers (GPTModel deprecation, DDP layout auto-computed).
-QUIET_LOGGERS = ("megatron.core.models.gpt.gpt_model", "megatron.core.distributed.distributed_data_parallel")
+# Loggers whose warnings are notices to megatron developers (GPTModel deprecation, DDP layout auto-computed), and
+# Ray's notice that a local cluster turned token authentication on by default.
+QUIET_LOGGERS = ("megatron.core.models.gpt.gpt_model", "megatron.core.distributed.distributed_data_parallel",
+                 "ray._private.authentication.authentication_token_setup")
 SETUP_HOOK = "megatron_rl.console.quiet_process"
 
 
@@ -39,6 +41,13 @@ def quiet_process() -> None:
         warnings.filterwarnings("ignore", message=re.escape(text))
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
+    # transformers' own bars ("Writing model shards" as the tiny model is saved): read at its import, so the
+    # variable covers this process's later import and every child; an earlier import is switched off directly.
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
 
 
 class _TqdmHandler(logging.Handler):

@@ -61,3 +61,16 @@ def test_curves_have_a_panel_per_quantity(tmp_path):
     out = plot_curves(records, tmp_path / "curves.png")
     assert out.stat().st_size > 10_000
     assert len(PANELS) == 6 and len({key for key, _ in PANELS}) == 6
+
+
+def test_quiet_process_drops_ray_and_transformers_notices(tmp_path):
+    """Ray's token-authentication notice (printed by every local ``ray.init``) and transformers' "Writing model
+    shards" bar (as the tiny model is saved) were the first two lines of the default run."""
+    code = ("import logging; logging.basicConfig(); from megatron_rl.console import quiet_process; quiet_process(); "
+            "from ray._private.authentication import authentication_token_setup as a; a._warn_token_auth_enabled(); "
+            "import transformers; m = transformers.LlamaForCausalLM(transformers.LlamaConfig(vocab_size=64, "
+            "hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)); "
+            f"m.save_pretrained({str(tmp_path)!r}); logging.getLogger('megatron_rl').warning('still shown')")
+    err = _stderr(code)
+    assert "still shown" in err
+    assert "Token authentication" not in err and "Writing model shards" not in err
