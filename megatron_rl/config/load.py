@@ -52,8 +52,12 @@ def _config_error(err: Exception, source: str) -> ValueError:
     key = getattr(err, "full_key", None) or _search(r"full_key: (\S+)", text) or _search(r"override '([^']+)'", text)
     if not re.search(r"Key '[^']+' (is )?not in", text):
         return ValueError(f"config key '{key}' ({source}): {text.splitlines()[0]}")
-    known = _known_keys(OmegaConf.structured(TrainConfig))
-    close = difflib.get_close_matches(key, known, n=3, cutoff=0.5)
+    schema = OmegaConf.structured(TrainConfig)
+    free = next((prefix for prefix in _open_dicts(schema) if key.startswith(prefix)), None)
+    if free is not None:  # `data.generate_knobs={hours:8}` where the recipe has none of those keys yet
+        return ValueError(f"config key '{key}' ({source}): {free[:-1]} takes any key; add a new one with "
+                          f"+{key}=VALUE (one per key)")
+    close = difflib.get_close_matches(key, _known_keys(schema), n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else "; `megatron-rl config` prints every key"
     return ValueError(f"unknown config key '{key}' ({source}){hint}")
 
