@@ -32,7 +32,7 @@ PANELS = (
     ("generate/response_length", "response length (tokens)"),
     ("policy/entropy", "entropy (nats/token)"),
     ("policy/kl", "KL to reference"),
-    ("policy/rollout_train_k3_kl", "rollout/trainer mismatch (k3 KL)"),
+    ("policy/rollout_train_k3_kl_first", "rollout/trainer mismatch (k3 KL, first step)"),
 )
 
 

@@ -78,6 +78,9 @@ def test_four_mini_batches_clip_and_one_does_not(unit_model):
     # The first mini-batch starts at the old weights (ratio 1); the next three do not.
     assert four["policy/ppo_clip_ratio_max"] > 0, four
     assert four["policy/ppo_kl_last"] != 0
+    # The rollout log-probs are these weights' own: the first step measures no sampler/trainer gap, the
+    # average over the four steps also counts the updates' change.
+    assert four["policy/rollout_train_logprob_abs_diff_first"] < 1e-6 < four["policy/rollout_train_logprob_abs_diff"], four
     one = _in_fresh_process(unit_model, 0, "none")
     assert one["policy/optimizer_steps"] == 1
     assert one["policy/ppo_clip_ratio"] == 0 and one["policy/ppo_kl"] == pytest.approx(0, abs=1e-6)

@@ -55,11 +55,12 @@ def test_moe_recipe_trains_with_expert_parallel_and_r3(tmp_path):
     assert all(m["weight_transfer/quarantined"] == 0 for m in steps)
     # vLLM serves the trainer's weights: its log-probs of the sampled tokens equal the trainer's (1.7e-7;
     # 0.036 when the CPU MoE experts were reloaded without vLLM's prepacking, see vllm_receiver).
-    assert all(m["policy/rollout_train_logprob_abs_diff"] < 1e-4 for m in steps), steps
-    assert all(m["policy/rollout_train_ratio_beyond_2x"] == 0 for m in steps), steps
+    # (the first of the batch's four optimizer steps: later ones run on weights the update has moved)
+    assert all(m["policy/rollout_train_logprob_abs_diff_first"] < 1e-4 for m in steps), steps
+    assert all(m["policy/rollout_train_ratio_beyond_2x_first"] == 0 for m in steps), steps
     # The trainer's routers (the earlier layers replayed) choose the experts vLLM chose: measured 0 of the
     # token-layer pairs, float32 on both sides; a record shifted by one token would disagree on most.
-    assert all(0 <= m["routing/disagreement"] < 0.01 for m in steps), steps
+    assert all(0 <= m["routing/disagreement_first"] < 0.01 for m in steps), steps
     assert not [k for m in records(folder, "metrics.jsonl") for k in m if k.startswith("sft/rollout_train")]
 
 

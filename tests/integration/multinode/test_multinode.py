@@ -117,7 +117,7 @@ def test_recipe_trains_across_two_hosts_on_their_addresses(hosts, tmp_path):
     metrics = [json.loads(line) for line in (tmp_path / "tiny_moe_cpu" / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in metrics if "reward/mean" in m]
     assert len(steps) == 2 and all(m["weight_transfer/quarantined"] == 0 for m in steps)
-    assert all(m["policy/rollout_train_logprob_abs_diff"] < 1e-4 for m in steps), steps
+    assert all(m["policy/rollout_train_logprob_abs_diff_first"] < 1e-4 for m in steps), steps
 
     # the run stopped its server on host b: no vLLM process is left there
     assert not [line for line in _cmdlines(hosts, "b") if "vllm" in line]
