@@ -5,9 +5,9 @@ Published (R3, Ma et al., arXiv 2510.11370, Qwen3-30B-A3B, bf16 engines): ~10% o
 between sampler and trainer per forward, 94% of the tokens differ in at least one layer, and the
 train-inference KL is about 2x lower with R3 than without.
 
-What runs: the real job (``megatron-rl train recipe=tiny_moe_cpu``: a tiny Qwen3-MoE, 2 MoE layers, top-2 of
-4 experts, expert parallel over 2 megatron-core ranks in float32, one vLLM CPU server) once per setting and
-seed. The sampler's precision is set apart from the trainer's with ``inference.server.dtype``: vLLM's CPU
+What runs: the real job (``megatron-rl train recipe=tiny_moe_mismatch_cpu`` with 20 SFT steps: a unit-size
+tiny Qwen3-MoE, 2 MoE layers, top-2 of 4 experts, expert parallel over 2 megatron-core ranks in float32, one
+vLLM CPU server) once per setting and seed. The sampler's precision is set apart from the trainer's with ``inference.server.dtype``: vLLM's CPU
 build serves the model in bfloat16 (weights and activations; the trainer's float32 weights are cast when
 they load), so the two engines differ as a bf16 GPU sampler and its trainer do. Per step the run logs:
 
@@ -66,15 +66,15 @@ METRICS = ("routing/disagreement", "routing/tokens_differing", "policy/rollout_t
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = Parser(prog="router_mismatch", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="CI smoke run: 1 seed, 1 step, 2 SFT steps")
-    p.add_argument("--gpu", action="store_true", help="tiny_moe_gpu (1.3B MoE, bf16) on one GPU instead of tiny_moe_cpu")
+    p.add_argument("--gpu", action="store_true", help="tiny_moe_gpu (1.3B MoE, bf16) on one GPU instead of tiny_moe_mismatch_cpu")
     p.add_argument("--seeds", type=positive_int, help="seeds per setting (default 3)")
     p.add_argument("--steps", type=positive_int, help="RL steps per run (default 5)")
-    p.add_argument("--sft-steps", type=positive_int, help="SFT warm-start steps (default: the recipe's)")
+    p.add_argument("--sft-steps", type=positive_int, help="SFT warm-start steps (default: 20 on CPU, the recipe's on GPU)")
     p.add_argument("--out", type=Path, default=Path("router_mismatch_out"), help="folder for the runs, JSON and plot")
     args = p.parse_args(argv)
-    quick = (1, 1, 2) if args.quick else (3, 5, None)
+    quick = (1, 1, 2) if args.quick else (3, 5, None if args.gpu else 20)  # 20: what results/ was measured with
     args.seeds, args.steps, args.sft_steps = (args.seeds or quick[0], args.steps or quick[1], args.sft_steps or quick[2])
-    args.recipe = "tiny_moe_gpu" if args.gpu else "tiny_moe_cpu"
+    args.recipe = "tiny_moe_gpu" if args.gpu else "tiny_moe_mismatch_cpu"  # each setting sets the sampler dtype
     args.settings = GPU_SETTINGS if args.gpu else SETTINGS
     return args
 

@@ -14,7 +14,7 @@ differs in at least one layer. The control routes the same weights twice with no
 
 Adam's first step moves every parameter with a gradient by about ``lr`` whatever the gradient's size, so
 the rate is the step size. Rates: 1e-6 (the trainer default, which the real-model recipes such as
-qwen3_30b_a3b keep; the scale of large-MoE RL rates), 1e-5, 1e-4 (tiny_cpu) and 5e-4 (tiny_moe_cpu).
+qwen3_30b_a3b keep; the scale of large-MoE RL rates), 1e-5, 1e-4 (tiny_cpu) and 5e-4 (tiny_moe_mismatch_cpu).
 
     python benchmarks/repro/routing_drift.py                  # tiny + larger shapes on CPU
     python benchmarks/repro/routing_drift.py --quick          # CI smoke: unit shape, few tokens
