@@ -16,7 +16,7 @@ import torch
 from megatron_rl.env_vars import cache_dir
 from megatron_rl.tiny.tokenizer import save_tokenizer, train_tokenizer
 
-KIT_VERSION = 1  # bump when the generated files change, so caches are rebuilt
+KIT_VERSION = 2  # bump when the generated files change, so caches are rebuilt
 ARCHS = ("qwen2", "qwen3", "qwen3_moe", "llama")
 
 

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from megatron_rl.tiny.corpus import corpus
 
@@ -17,6 +17,10 @@ SPECIAL_TOKENS = (
     "<think>",
     "</think>",
 )
+# The tags are whole tokens (kept out of BPE merges) but not special, as in Qwen3's tokenizer: decoding with
+# skip_special_tokens keeps them, so a tool-call parser reading the decoded reply sees <tool_call>. Marked
+# special (the kit before version 2), they were dropped from every reply and no tool call was ever found.
+TAGS = SPECIAL_TOKENS[3:]
 
 # ChatML; tools are listed in the system turn as JSON function signatures, and the model calls them as
 # <tool_call>{"name": ..., "arguments": {...}}</tool_call> (the hermes format). Tool results come back
@@ -67,6 +71,7 @@ def train_tokenizer(vocab_size: int = 2048, seed: int = 0) -> Tokenizer:
         show_progress=False,
     )
     tok.train_from_iterator(corpus(seed=seed), trainer=trainer)
+    tok.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in TAGS])  # same ids, not special
     return tok
 
 
@@ -80,7 +85,6 @@ def save_tokenizer(tok: Tokenizer, out: Path) -> int:
         pad_token="<|endoftext|>",
         unk_token=None,
         bos_token=None,
-        additional_special_tokens=list(SPECIAL_TOKENS[3:]),
     )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(str(out))

@@ -70,3 +70,24 @@ def test_chat_template_renders_tools_and_hermes_calls(tmp_path):
     assert text.endswith("<|im_start|>assistant\n")
     for special in ("<|im_start|>", "<|im_end|>", "<tool_call>"):
         assert len(tok.encode(special, add_special_tokens=False)) == 1
+
+
+@pytest.mark.parametrize("env_name", ["gridsim", "text2sql"])
+def test_a_sampled_tool_call_reaches_the_environment_as_a_call(env_name):
+    """The reference reply, as sampled ids decoded by the generator, earns its full reward: the tool-call tags
+    survive decoding. Kit version 1 marked them special, decoding dropped them, and no episode of a tool
+    recipe was ever rewarded."""
+    from megatron_rl.envs.registry import get_env_class
+    from megatron_rl.generator.chat import ChatRenderer
+
+    tok = transformers.AutoTokenizer.from_pretrained(make_tiny_model("qwen3"))
+    env_class = get_env_class(env_name)
+    row = env_class.generate_rows(1, seed=0)[0]
+    reply = tok.encode(env_class.reference_reply(row["env_extras"]), add_special_tokens=False) + [tok.eos_token_id]
+    env = env_class(row["env_extras"])
+    env.init(row["prompt"])
+    try:
+        step = env.step(ChatRenderer(tok, env_class.tools).decode(reply))
+    finally:
+        env.close()
+    assert step.done and step.reward == 1.0, step
