@@ -6,7 +6,8 @@ mini-batch, R2 (replaying the routing of the trainer's old-log-prob pass) suffic
 (replaying the sampler's routing) is needed to keep training stable.
 
 What runs: the real job (``megatron-rl train recipe=tiny_moe_mismatch_cpu``, a bf16 sampler and 150 SFT steps: a
-unit-size tiny Qwen3-MoE, 2 MoE layers, top-2 of 4 experts, expert parallel over 2 megatron-core ranks in float32) with its vLLM CPU sampler in bfloat16
+unit-size tiny Qwen3-MoE, 2 MoE layers, top-2 of 4 experts, expert parallel over 2 megatron-core ranks in
+float32) with its vLLM CPU sampler in bfloat16
 (``inference.server.dtype=bfloat16``), so sampler and trainer differ as bf16 engines do. Each batch of 8
 groups is cut into 8 / ratio mini-batches (``algorithm.ppo_mini_batch_size``), one optimizer step each, with
 the trainer's own old-log-prob pass as the clip ratio's reference. Per ratio (1, 2, 4) and replay (none, R2,

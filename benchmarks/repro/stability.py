@@ -6,7 +6,8 @@ collapse; with it, training holds. IcePop: tokens whose probability ratio leaves
 R3 (arXiv 2510.11370): without routing replay 3 of 3 Qwen3-30B-A3B runs collapsed, with it none.
 
 What runs: the real job (``megatron-rl train recipe=tiny_moe_mismatch_cpu``, a bf16 sampler and 150 SFT steps: a
-unit-size tiny Qwen3-MoE, 2 MoE layers, top-2 of 4 experts, expert parallel over 2 megatron-core ranks in float32, the recipe's RL rate 5e-4) after a 150-step SFT
+unit-size tiny Qwen3-MoE, 2 MoE layers, top-2 of 4 experts, expert parallel over 2 megatron-core ranks in
+float32, the recipe's RL rate 5e-4) after a 150-step SFT
 warm start, under a real mismatch from two sources at once: the vLLM CPU sampler runs in bfloat16
 (``inference.server.dtype=bfloat16``) and the fully asynchronous schedule lets rollouts start up to 4 weight
 versions before they are trained on (``schedule.type=fully_async schedule.staleness=4``). The trainer's own
