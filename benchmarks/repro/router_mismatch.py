@@ -9,7 +9,8 @@ What runs: the real job (``megatron-rl train recipe=tiny_moe_mismatch_cpu`` with
 tiny Qwen3-MoE, 2 MoE layers, top-2 of 4 experts, expert parallel over 2 megatron-core ranks in float32, one
 vLLM CPU server) once per setting and seed. The sampler's precision is set apart from the trainer's with
 ``inference.server.dtype``: vLLM's CPU build serves the model in bfloat16 (weights and activations; the
-trainer's float32 weights are cast when they load), so the two engines differ as a bf16 GPU sampler and its trainer do. Per step the run logs:
+trainer's float32 weights are cast when they load), so the two engines differ as a bf16 GPU sampler and its
+trainer do. Per step the run logs:
 
 - ``routing/disagreement``: under R3 the trainer replays the sampler's experts and also computes its routers'
   own top-k; the share of (token, MoE layer) pairs where the two sets differ. ``routing/tokens_differing``:
