@@ -79,6 +79,9 @@ class RouterConfig:
     health_failures: int = 3
     """Consecutive failed probes before a replica leaves rotation: one slow ``/health`` on a busy machine is
     not an outage (a failed request still takes its replica out at once)."""
+    rotation_wait_s: float = 120.0
+    """Seconds a request waits for a replica to come back when none is in rotation (every one failed its
+    probes, e.g. a CPU replica busy loading new weights) before it fails; 0 fails at once."""
     max_concurrency: int = 256
     """Generation requests in flight at once across the fleet (client side)."""
 
@@ -91,6 +94,8 @@ class RouterConfig:
             raise ValueError("inference.router.request_timeout_s and health_interval_s: must be > 0")
         if self.max_concurrency < 1:
             raise ValueError("inference.router.max_concurrency: must be >= 1")
+        if self.rotation_wait_s < 0:
+            raise ValueError("inference.router.rotation_wait_s: must be >= 0 (0: fail at once)")
         if self.health_failures < 1:
             raise ValueError(f"inference.router.health_failures: must be >= 1, got {self.health_failures}")
 

@@ -46,6 +46,7 @@ class Router:
         headers = {SESSION_HEADER: session_id} if session_id else {}
         tried: list[Replica] = []
         errors: list[str] = []
+        await self._back_in_rotation()  # none in rotation when the request came: wait for one
         while (replica := self.next_replica(session_id, tried)) is not None:
             tried.append(replica)
             try:
@@ -62,6 +63,17 @@ class Router:
         if not candidates or len(tried) >= self.config.max_attempts:
             return None
         return self.policy.choose(candidates, session_id)
+
+    async def _back_in_rotation(self) -> None:
+        """While no replica is in rotation, wait up to ``rotation_wait_s`` for a probe to return one (not when
+        every replica is quarantined). A replica's failed probes while it loads new weights on a
+        busy CPU took it out for ~30 s, and requests sent then failed the run with 0 attempts."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.rotation_wait_s
+        while not any(r.healthy for r in self.replicas):
+            if all(r.quarantined for r in self.replicas) or loop.time() >= deadline:
+                return
+            await asyncio.sleep(min(self.config.health_interval_s, max(deadline - loop.time(), 0.0)))
 
     def quarantine(self, url: str, reason: str) -> None:
         """Take the replica at ``url`` out for good (its weights are not the fleet's): probes never return it."""
