@@ -313,11 +313,16 @@ class TensorstoreDeltaReceiver(ReceiverTransport):
                 for chunk, future in reads:
                     lo, hi = _chunk_range(chunk, chunk_bytes, bucket.nbytes)
                     flat[lo:hi].bitwise_xor_(torch.from_numpy(np.asarray(future.result())))
+            # after the read: a chunk that vanished while it was read came back as zeros, and is missing
+            read_bytes = sum(chunk_file(path, c).stat().st_size for c in entry["chunks"])
+        except FileNotFoundError as err:
+            raise TransportError(f"tensorstore_delta: bucket {bucket.index} of version {version}: chunk file "
+                                 f"{err.filename} listed in the manifest went missing while it was read") from err
         except Exception as err:
             raise TransportError(f"tensorstore_delta: reading bucket {bucket.index} of version {version} at {path}: "
                                  f"{err}") from err
         self.stats["chunks_read"] += len(entry["chunks"])
-        self.stats["bytes_read"] += sum(chunk_file(path, c).stat().st_size for c in entry["chunks"])
+        self.stats["bytes_read"] += read_bytes
 
 
 def _read_json(path: Path) -> dict | None:
