@@ -109,12 +109,12 @@ def make_tiny_model(arch: str, out: Path | str | None = None, size: str = "unit"
 
     Without ``out`` the model goes to the cache (``MEGATRON_RL_CACHE``). A directory holding a model made
     from the same spec is reused as is; the write goes to a temporary folder renamed at the end, so an
-    interrupted call never leaves a half-written model behind.
+    interrupted call never leaves a half-written model behind, and of two processes writing the same spec at
+    once (two runs started together) the first rename wins and the second uses it.
     """
     spec = _spec(arch, size, seed)
     out = Path(out) if out else cache_dir() / "tiny" / f"{arch}-{size}-s{seed}-v{KIT_VERSION}"
-    stamp = out / "tiny_model.json"
-    if stamp.exists() and json.loads(stamp.read_text()) == spec:
+    if _holds(out, spec):
         return out
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"make-tiny-model --out: {out} exists and holds something else; choose an empty folder")
@@ -122,10 +122,16 @@ def make_tiny_model(arch: str, out: Path | str | None = None, size: str = "unit"
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         _write(spec, tmp)
-        if out.exists():
+        if out.exists() and not any(out.iterdir()):
             out.rmdir()
         tmp.rename(out)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        if not (isinstance(err, OSError) and _holds(out, spec)):  # else a writer beside us finished first
+            raise
     return out
+
+
+def _holds(folder: Path, spec: dict) -> bool:
+    stamp = folder / "tiny_model.json"
+    return stamp.exists() and json.loads(stamp.read_text()) == spec

@@ -44,6 +44,24 @@ def test_second_call_reuses_the_cached_model(tmp_path):
     assert json.loads((path / "tiny_model.json").read_text())["arch"] == "qwen2"
 
 
+def test_a_writer_beside_us_that_finishes_first_wins_and_we_use_its_model(tmp_path, monkeypatch):
+    """Two runs (or two test workers) asking for the same cached model at once: the later rename finds the
+    folder full, and the call returns the model the other wrote instead of failing."""
+    from megatron_rl.tiny import models
+
+    real_write = models._write
+
+    def write_then_lose_the_race(spec, tmp):
+        real_write(spec, tmp)
+        monkeypatch.setattr(models, "_write", real_write)
+        make_tiny_model("qwen2", tmp_path / "m")  # the other writer, done before our rename
+
+    monkeypatch.setattr(models, "_write", write_then_lose_the_race)
+    path = make_tiny_model("qwen2", tmp_path / "m")
+    assert json.loads((path / "tiny_model.json").read_text())["arch"] == "qwen2"
+    assert [p.name for p in tmp_path.iterdir()] == ["m"], "our temporary folder is removed"
+
+
 def test_refuses_to_overwrite_another_folder(tmp_path):
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "notes.txt").write_text("mine")
