@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
 import sys
+import threading
 import time
 import warnings
 
@@ -74,6 +76,14 @@ def setup(verbose: bool) -> None:
     if not ray.is_initialized():  # the same call as parallel.worker_group.start_ray, plus the hook
         ray.init(include_dashboard=False, log_to_driver=True, configure_logging=False,
                  runtime_env={"worker_process_setup_hook": SETUP_HOOK})
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_term)
+
+
+def _exit_on_term(signum: int, frame) -> None:
+    """SIGTERM stops the driver as Ray's own handler does (``SystemExit``: every ``finally`` runs, the summary
+    prints), without the native stack dump that the handler Ray's core worker chains in front of it prints."""
+    sys.exit(signum)
 
 
 def python_warnings(existing: str) -> str:

@@ -74,3 +74,14 @@ def test_quiet_process_drops_ray_and_transformers_notices(tmp_path):
     err = _stderr(code)
     assert "still shown" in err
     assert "Token authentication" not in err and "Writing model shards" not in err
+
+
+def test_sigterm_stops_the_driver_without_a_native_stack_dump():
+    """Ray's core worker chains a native failure handler in front of its SIGTERM handler; a stopped run printed
+    its "*** SIGTERM received ..." stack dump above the summary. The driver still exits as Ray's handler would."""
+    code = ("import os, signal; from megatron_rl import console; console.setup(verbose=False)\n"
+            "try:\n    os.kill(os.getpid(), signal.SIGTERM); signal.pause()\n"
+            "finally:\n    print('finally ran', flush=True)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 15 and "finally ran" in done.stdout, done.stdout + done.stderr
+    assert "SIGTERM received" not in done.stderr and "@ 0x" not in done.stderr, done.stderr
