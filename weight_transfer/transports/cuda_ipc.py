@@ -107,7 +107,10 @@ class CudaIpcReceiver(ReceiverTransport):
                 args = list(args)
                 args[_DEVICE_ARG] = index = _local_index(uuid)
                 known = self.mapped[bucket.index] = (raw, rebuild(*args), torch.cuda.Event.from_ipc_handle(index, event))
-            known[2].wait(torch.cuda.current_stream(self.device))  # the sender's packing of this version
+            # The sender's packing of this version, waited for on the host: it has finished by the time the
+            # handles are read (reads_after_send), and making the stream wait on an IPC event costs ~0.1 ms even
+            # when it has fired (1B set on an H200, 7 interleaved runs: 62% of a D2D copy against 56%).
+            known[2].synchronize()
             yield bucket, known[1]
 
     def release(self, version: int) -> None:
