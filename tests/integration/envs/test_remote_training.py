@@ -39,7 +39,8 @@ def test_gridsim_through_a_restarting_env_server(tmp_path):
     try:
         write_rows(server.url, tmp_path / "rows")
         proc = train(tmp_path, "recipe=gridsim_cpu", "run.name=remote", "sft.steps=0", "schedule.total_steps=2",
-                     "schedule.eval_every=0", "data.train_batch_size=4", "generator.max_env_attempts=3",
+                     "schedule.eval_every=0", "data.train_batch_size=4", "generator.n_samples_per_prompt=4",
+                     "generator.max_env_attempts=3",
                      f"data.train_files=[{tmp_path / 'rows' / 'train.parquet'}]",
                      f"data.eval_files=[{tmp_path / 'rows' / 'eval.parquet'}]", wait=False)
         open_at_stop = wait_for_sessions(server, proc)
