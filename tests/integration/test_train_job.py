@@ -10,12 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from integration.test_cli_startup import MARKER, marked
+
 QUICK = ["sft.steps=2", "schedule.total_steps=2", "schedule.eval_every=0"]
 
 
 def train(tmp_path: Path, *words: str, wait: bool = True):
     cmd = [sys.executable, "-m", "megatron_rl.cli", "train", f"run.output_dir={tmp_path}", *words]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", MARKER: str(tmp_path)}  # inherited by all it starts
     log = open(tmp_path / f"log-{len(list(tmp_path.glob('log-*')))}.txt", "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     if not wait:
@@ -95,7 +97,8 @@ def _kill_after_a_checkpoint(folder: Path, proc, timeout: float = 1200) -> int:
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    subprocess.run([str(Path(sys.executable).with_name("ray")), "stop", "--force"], capture_output=True)
+    for left in marked(str(folder.parent)):  # what it started outside its group: Ray's GCS, raylet, workers
+        left.kill()  # (``ray stop`` would stop every other run on the machine too)
     return int(tracker.read_text().strip())
 
 
