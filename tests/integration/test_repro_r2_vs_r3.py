@@ -23,6 +23,7 @@ def _run(*args: str, timeout: int = 840) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONPATH": str(SCRIPT.parents[2])})
 
 
+@pytest.mark.repro
 @pytest.mark.timeout(900)
 def test_r2_vs_r3_quick_run_prints_the_table_beside_the_published_claim(tmp_path):
     proc = _run("--quick", "--out", str(tmp_path))

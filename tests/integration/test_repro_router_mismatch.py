@@ -22,6 +22,7 @@ def _run(*args: str, timeout: int = 840) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONPATH": str(SCRIPT.parents[2])})
 
 
+@pytest.mark.repro
 @pytest.mark.timeout(900)
 def test_router_mismatch_quick_run_prints_the_table_beside_the_published_numbers(tmp_path):
     proc = _run("--quick", "--out", str(tmp_path))
