@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import random
 import time
@@ -65,7 +66,7 @@ def _check(cfg: TrainConfig) -> None:
 async def _train(cfg: TrainConfig, folder: RunFolder, tracker: Tracker) -> LoopState:
     import transformers
 
-    from parallel.worker_group import WorkerGroup
+    from parallel.worker_group import WorkerGroup, start_ray
 
     model_path = cfg.model.resolve_path()
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
@@ -75,14 +76,20 @@ async def _train(cfg: TrainConfig, folder: RunFolder, tracker: Tracker) -> LoopS
     world = cfg.trainer.num_ranks
     algo = cfg.algorithm
     reserved = reserve(cfg)  # a placement that cannot fit the cluster fails here, before any actor starts
-    policy = WorkerGroup(model_path, cfg.trainer, algo, world_size=world,
-                         critic=cfg.critic if algo.advantage_estimator == "gae" else None,
-                         reference=algo.kl.needs_reference, resources=cfg.placement.trainer_resources,
-                         actor_options=reserved.options("trainer", world))
-    log.info("trainer: %d rank(s) on nodes %s, rendezvous %s", world, policy.nodes, policy.init_method)
+    build = functools.partial(WorkerGroup, model_path, cfg.trainer, algo, world_size=world,
+                              critic=cfg.critic if algo.advantage_estimator == "gae" else None,
+                              reference=algo.kl.needs_reference, resources=cfg.placement.trainer_resources,
+                              actor_options=reserved.options("trainer", world))
+    start_ray()  # here, in the main thread
+    # On CPU the ranks build while the servers start (each takes a core for tens of seconds); a GPU engine
+    # sizes its memory from what is free when it starts, so there the trainer takes its share first.
+    building = asyncio.ensure_future(asyncio.to_thread(build) if on_cpu() else _ready(build()))
+    policy = None
     try:
         async with InferenceFleet(fleet_config(cfg, model_path, folder.root), cfg.placement,
                                   reserved.options("inference", cfg.inference.num_servers)) as fleet:
+            policy = await building
+            log.info("trainer: %d rank(s) on nodes %s, rendezvous %s", world, policy.nodes, policy.init_method)
             plan = build_plan(Path(model_path), hf_config, cfg.trainer, world, cfg.weight_transfer.bucket_bytes)
             generator = Generator(fleet, tokenizer, cfg.generator, vocab_size=hf_config.vocab_size,
                                   env_configs=cfg.envs, num_experts=getattr(hf_config, "num_experts", None),
@@ -96,8 +103,15 @@ async def _train(cfg: TrainConfig, folder: RunFolder, tracker: Tracker) -> LoopS
             with tracker.phase("rl"):
                 return await SCHEDULES[cfg.schedule.type](c, state)
     finally:
-        policy.shutdown()
+        if policy is None and not building.cancelled():  # the fleet failed first: stop the ranks once built
+            policy = (await asyncio.gather(building, return_exceptions=True))[0]
+        if isinstance(policy, WorkerGroup):
+            policy.shutdown()
         reserved.release()
+
+
+async def _ready(value):
+    return value
 
 
 async def _start(c: Components, data_metrics: dict) -> LoopState:
