@@ -33,7 +33,8 @@ def records(folder: Path, name: str) -> list[dict]:
 
 @pytest.mark.parametrize("recipe", ["text2sql_cpu", "gridsim_cpu"])
 def test_multi_turn_recipes_write_observations_with_mask_zero(recipe, tmp_path):
-    train(tmp_path, f"recipe={recipe}", *QUICK)
+    # gridsim's recipe samples 16 x 8 two-turn episodes a step to learn; 4 x 4 show the observations as well
+    train(tmp_path, f"recipe={recipe}", *QUICK, "data.train_batch_size=4", "generator.n_samples_per_prompt=4")
     folder = tmp_path / recipe
     steps = [m for m in records(folder, "metrics.jsonl") if "reward/mean" in m]
     assert [m["step"] for m in steps] == [1, 2]
