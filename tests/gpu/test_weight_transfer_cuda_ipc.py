@@ -93,7 +93,8 @@ def _update(senders, receiver, plan, version: int, dest: dict | None) -> float:
 # phase by phase, took 1.713 ms (median) against 1.192 ms for a D2D copy of the same bytes: ~70%. The steady-state
 # sampling below on the H200 (2026-12-06, one start, 7 runs): 1B 53-58% (median 56%), 7B 94-96% (median 95%); with
 # the receiver waiting for the sender's event on its host (now the code), interleaved with those: 1B 57-64% (median
-# 62%). One start: the target needs a second before it counts as met.
+# 62%). A second start, an H100 (2026-12-07, six runs): 1B 69-74% (median 72.5%), 7B 106%; over both starts the
+# 1B median is 64% (57-74%, 13 runs).
 @pytest.mark.parametrize("size", ["1B", "7B"])
 def test_cuda_ipc_bandwidth_against_device_copy(size):
     """Eleven updates of the set reach the receiver, every bucket checksum-verified; prints the share of a D2D
