@@ -6,9 +6,9 @@ On CPU each server's whole process tree (API server, engine core, and the worker
 core with one worker: ``server_env``) is pinned to one core, the ``index``-th this process may use: vLLM pins only
 the worker's OpenMP threads, and an engine core busy-waits on a worker in another process (``sched_yield`` on
 shared memory; TP > 1), so two unpinned engine cores beside two pinned workers left the API servers without a
-core for up to 15 s and streamed output in bursts (measured with 2 servers on 2 cores, the worker apart: a 500-token stream's first
-tokens arrived after 0.02-3.3 s unpinned, 0.02-0.06 s pinned, and the 2 x 2 streams finished in 2.6-3.0 s instead
-of 3.3-5.8 s). ``VLLM_CPU_OMP_THREADS_BIND`` set by the user turns this off.
+core for up to 15 s and streamed output in bursts (measured with 2 servers on 2 cores, the worker apart: a
+500-token stream's first tokens arrived after 0.02-3.3 s unpinned, 0.02-0.06 s pinned, and the 2 x 2 streams
+finished in 2.6-3.0 s instead of 3.3-5.8 s). ``VLLM_CPU_OMP_THREADS_BIND`` set by the user turns this off.
 
 The server runs in its own session (so a terminal's Ctrl-C reaches only us) and gets SIGTERM if
 the thread that started it dies (PR_SET_PDEATHSIG), so a crashed driver leaves no orphans; ``stop``
