@@ -4,6 +4,7 @@ import os
 from pathlib import Path
 
 RUN_SECRET = "MEGATRON_RL_RUN_SECRET"
+ENGINE_DIES_WITH_SERVER = "MEGATRON_RL_ENGINE_DIES_WITH_SERVER"  # set by managed servers: ``vllm_plugin``
 
 
 def cache_dir() -> Path:

@@ -11,7 +11,8 @@ core for up to 15 s and streamed output in bursts (measured with 2 servers on 2 
 finished in 2.6-3.0 s instead of 3.3-5.8 s). ``VLLM_CPU_OMP_THREADS_BIND`` set by the user turns this off.
 
 The server runs in its own session (so a terminal's Ctrl-C reaches only us) and gets SIGTERM if
-the thread that started it dies (PR_SET_PDEATHSIG), so a crashed driver leaves no orphans; ``stop``
+the thread that started it dies (PR_SET_PDEATHSIG), its engine core SIGKILL if the API server dies
+(``megatron_rl/vllm_plugin.py``), so a crashed driver or a killed server leaves no orphans; ``stop``
 ends its whole process group (API server and engine core).
 """
 
@@ -32,7 +33,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from megatron_rl.env_vars import RUN_SECRET, cache_dir
+from megatron_rl.env_vars import ENGINE_DIES_WITH_SERVER, RUN_SECRET, cache_dir
 from megatron_rl.inference.config import ServerConfig
 
 _PR_SET_PDEATHSIG = 1
@@ -121,6 +122,7 @@ def server_env(config: ServerConfig, index: int, on_cpu: bool, ipc_dir: str, sec
         "PYTHONUNBUFFERED": "1",
         "TMPDIR": ipc_dir,
         "VLLM_RPC_BASE_PATH": ipc_dir,
+        ENGINE_DIES_WITH_SERVER: "1",  # megatron_rl/vllm_plugin.py
     }
     if secret:
         env[RUN_SECRET] = secret

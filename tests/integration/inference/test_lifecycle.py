@@ -12,7 +12,7 @@ import pytest
 
 from megatron_rl.inference.config import ServerConfig
 from megatron_rl.inference.launcher import LocalServers
-from megatron_rl.inference.server_process import ServerStartError
+from megatron_rl.inference.server_process import ManagedServer, ServerStartError, wait_healthy
 
 DRIVER = Path(__file__).with_name("fleet_main.py")
 
@@ -55,6 +55,25 @@ def test_ctrl_c_stops_managed_servers_and_leaves_no_orphans(moe_model, tmp_path)
     while _alive(pids) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not _alive(pids), f"orphaned server processes: {_alive(pids)}"
+
+
+def test_a_killed_api_server_takes_its_engine_core_with_it(moe_model, tmp_path):
+    """SIGKILL reaches the API server alone (Slurm after KillWait, the OOM killer); without the plugin in
+    megatron_rl/vllm_plugin.py the engine core lived on, an orphan holding its memory and core."""
+    config = ServerConfig(model_path=str(moe_model), max_model_len=512, kv_cache_gib=0.25, run_dir=str(tmp_path))
+    server = ManagedServer(config, 0, on_cpu=True)
+    server.start()
+    try:
+        wait_healthy([server], 300)
+        api = psutil.Process(server.process.pid)
+        engine = [p for p in api.children(recursive=True) if p.name().startswith("VLLM::EngineCore")]
+        assert engine, [p.name() for p in api.children(recursive=True)]
+        api.kill()
+        server.process.wait()
+        _, alive = psutil.wait_procs(engine, timeout=15)
+        assert not alive, f"the engine core outlived its API server: {alive}"
+    finally:
+        server.stop(grace_s=5)
 
 
 def test_server_that_cannot_start_fails_with_its_log_tail(tmp_path):
