@@ -13,10 +13,12 @@ from parallel.logprobs import vocab_parallel_logprobs
 from parallel.routing import RoutingReplay, gather_records
 
 
-def token_logprobs(mb: MicroBatch, logits: torch.Tensor, tp_group, with_entropy: bool = True):
-    """``[b, s]`` log p(token t | tokens < t) and entropy at t (0 at position 0)."""
+def token_logprobs(mb: MicroBatch, logits: torch.Tensor, tp_group, with_entropy: bool = True, temperature: float = 1.0):
+    """``[b, s]`` log p(token t | tokens < t) and entropy at t (0 at position 0), of ``softmax(logits / temperature)``:
+    the distribution the rows were sampled from (``TrainingBatch.temperature``)."""
     ids = mb.input_ids.to(logits.device)
-    logp, ent = vocab_parallel_logprobs(logits[:, :-1], ids[:, 1:], tp_group, with_entropy)
+    logits = logits[:, :-1] if temperature == 1.0 else logits[:, :-1] / temperature
+    logp, ent = vocab_parallel_logprobs(logits, ids[:, 1:], tp_group, with_entropy)
     pad = lambda x: None if x is None else torch.nn.functional.pad(x, (1, 0))  # noqa: E731
     return pad(logp), pad(ent)
 
@@ -52,7 +54,7 @@ def compute_logprobs(
         after = lambda mb: records.append((mb.rows, routing.recorded(mb)))  # noqa: E731
 
     def collect(mb, logits):
-        lp, en = token_logprobs(mb, logits, pgs.tp)
+        lp, en = token_logprobs(mb, logits, pgs.tp, temperature=batch.temperature)
         results.append((mb.rows, lp, en))
         return logits.new_zeros(()), {}
 

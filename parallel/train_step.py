@@ -30,10 +30,10 @@ def aggregation_unit(loss_mask: torch.Tensor, mode: str) -> torch.Tensor:
     return torch.tensor(float(loss_mask.shape[0]))
 
 
-def _micro_batch_loss(mb: MicroBatch, logits, algo: AlgorithmConfig, tp_group, share: float):
+def _micro_batch_loss(mb: MicroBatch, logits, algo: AlgorithmConfig, tp_group, share: float, temperature: float):
     t = {k: (v.to(logits.device) if v is not None else None) for k, v in mb.tensors.items()}
     mask = t["loss_mask"]
-    logp, ent = token_logprobs(mb, logits, tp_group, with_entropy=True)
+    logp, ent = token_logprobs(mb, logits, tp_group, with_entropy=True, temperature=temperature)
     if not mb.rows:  # filler: keeps collectives in step, contributes nothing
         return (logp * 0).sum(), {}
     old = t["old_logprobs"] if t["old_logprobs"] is not None else logp.detach()
@@ -86,7 +86,7 @@ def train_step(
     def loss_fn(mb, logits):
         mask = mb.tensors["loss_mask"]
         share = float(aggregation_unit(mask, algo.loss_agg_mode) / total) if mb.rows else 0.0
-        loss, metrics = _micro_batch_loss(mb, logits, algo, pgs.tp, share)
+        loss, metrics = _micro_batch_loss(mb, logits, algo, pgs.tp, share, batch.temperature)
         return loss * undo, metrics
 
     before, after = (routing.replay, routing.replayed) if routing is not None else (None, None)

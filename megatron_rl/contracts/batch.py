@@ -105,6 +105,10 @@ class TrainingBatch:
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
     routed_experts: list[RoutedExperts | None] | None = None
+    temperature: float = 1.0
+    """The temperature the rows were sampled at: every log-prob pass over them (policy, old, reference) divides
+    the logits by it, so the trainer's log-probs are of the distribution the sampler drew from (vLLM returns
+    processed log-probs, ``server_command``)."""
 
     def __post_init__(self) -> None:
         _validate_batch(self)
@@ -134,11 +138,13 @@ class TrainingBatch:
             old_logprobs=cut(self.old_logprobs),
             ref_logprobs=cut(self.ref_logprobs),
             routed_experts=None if self.routed_experts is None else [self.routed_experts[i] for i in idx.tolist()],
+            temperature=self.temperature,
         )
 
     @classmethod
     def from_trajectories(
-        cls, trajectories: list[Trajectory], advantages: list[torch.Tensor], group_ids: list[int], pad_token_id: int
+        cls, trajectories: list[Trajectory], advantages: list[torch.Tensor], group_ids: list[int], pad_token_id: int,
+        temperature: float = 1.0,
     ) -> TrainingBatch:
         """Collate ledger records and their per-response-token advantages into padded rows."""
         if len(advantages) != len(trajectories) or len(group_ids) != len(trajectories):
@@ -165,10 +171,13 @@ class TrainingBatch:
             trajectory_ids=[t.name for t in trajectories],
             prompt_lengths=torch.tensor([len(t.prompt_token_ids) for t in trajectories]),
             routed_experts=experts if any(e is not None for e in experts) else None,
+            temperature=temperature,
         )
 
 
 def _validate_batch(b: TrainingBatch) -> None:
+    if not b.temperature > 0:
+        raise ContractError("batch", "temperature", f"must be > 0 (greedy rows are scored at 1.0), got {b.temperature}")
     if b.input_ids.dim() != 2:
         raise ContractError("batch", "input_ids", f"must be [B, T], got shape {tuple(b.input_ids.shape)}")
     rows, width = b.input_ids.shape

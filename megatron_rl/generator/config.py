@@ -10,7 +10,9 @@ class GeneratorConfig:
     n_samples_per_prompt: int = 8
     """Trajectories per prompt (one group)."""
     temperature: float = 1.0
-    """Sampling temperature for training rollouts."""
+    """Sampling temperature for training rollouts; the trainer scores them at the same temperature (log-probs,
+    entropy, reference: ``TrainingBatch.temperature``), and vLLM returns the tempered log-probs (external servers:
+    start them with ``--logprobs-mode processed_logprobs``)."""
     top_p: float = 1.0
     """Nucleus sampling mass."""
     max_tokens_per_turn: int = 64

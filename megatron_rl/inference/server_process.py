@@ -90,6 +90,9 @@ def server_command(config: ServerConfig, port: int, seed: int, host: str = LOOPB
         "--max-model-len", str(config.max_model_len),
         "--tensor-parallel-size", str(config.tensor_parallel_size),
         "--seed", str(seed),
+        # log-probs of the distribution a token was drawn from (temperature applied), as the trainer computes them
+        # (TrainingBatch.temperature); at temperature 1 with top_p 1 they equal the raw ones
+        "--logprobs-mode", "processed_logprobs",
     ]
     if config.worker_extension:
         cmd += ["--worker-extension-cls", config.worker_extension]

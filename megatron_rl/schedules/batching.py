@@ -65,10 +65,12 @@ class PreparedBatch:
 
 
 def to_training_batch(
-    output: GeneratorOutput, config: AlgorithmConfig, pad_token_id: int, scorer: Scorer | None = None
+    output: GeneratorOutput, config: AlgorithmConfig, pad_token_id: int, scorer: Scorer | None = None,
+    temperature: float = 1.0,
 ) -> PreparedBatch:
     """Advantages by the configured estimator. ``scorer`` supplies reference log-probs (``algorithm.kl``)
-    and critic values (``gae``); it may be None when neither is configured."""
+    and critic values (``gae``); it may be None when neither is configured. ``temperature``: what the rollouts
+    were sampled at (``generator.temperature``), the batch's log-prob temperature; greedy rollouts (0) at 1."""
     needs_reference = config.kl.needs_reference
     if scorer is None and (needs_reference or config.advantage_estimator == "gae"):
         raise ValueError("algorithm.kl / advantage_estimator=gae need the worker group's reference or critic passes")
@@ -98,7 +100,8 @@ def to_training_batch(
     rewards, mask, group_ids = rewards[rows], mask[rows], group_ids[rows]
     width = rewards.shape[1]  # the longest response of the whole output, kept or not
     batch = TrainingBatch.from_trajectories(
-        kept, [torch.zeros(len(t.response_ids)) for t in kept], group_ids.tolist(), pad_token_id
+        kept, [torch.zeros(len(t.response_ids)) for t in kept], group_ids.tolist(), pad_token_id,
+        temperature=temperature if temperature > 0 else 1.0,
     )
     if needs_reference:
         batch.ref_logprobs = scorer.compute_ref_logprobs(batch).float()

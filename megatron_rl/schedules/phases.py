@@ -27,7 +27,7 @@ class Timer:
 def train_on(c: Components, out: GeneratorOutput, metrics: dict) -> bool:
     """Score ``out`` into a batch and update policy (and critic); False when every trajectory was filtered."""
     with Timer(metrics, "score"):
-        prepared = to_training_batch(out, c.config.algorithm, c.pad_token_id, c.policy)
+        prepared = to_training_batch(out, c.config.algorithm, c.pad_token_id, c.policy, c.config.generator.temperature)
     metrics.update(prepared.metrics)
     if prepared.batch is None:
         return False

@@ -55,7 +55,7 @@ def forward_backward(policy, scratch, batch: TrainingBatch, loss_fn: str, config
     results = []
 
     def loss(mb, logits):
-        logp, _ = token_logprobs(mb, logits, pgs.tp, with_entropy=False)
+        logp, _ = token_logprobs(mb, logits, pgs.tp, with_entropy=False, temperature=batch.temperature)
         if not mb.rows:
             return (logp * 0).sum(), {}
         t = {k: (v.to(logits.device) if v is not None else None) for k, v in mb.tensors.items()}

@@ -128,6 +128,14 @@ def test_training_batch_collates_response_positions():
     assert small.input_ids.shape == (1, 5) and small.trajectory_ids == ["q8#0"]
 
 
+def test_training_batch_keeps_its_sampling_temperature_and_refuses_zero():
+    batch = TrainingBatch.from_trajectories([make()], [torch.ones(4)], [0], pad_token_id=0, temperature=0.7)
+    assert batch.temperature == 0.7 and batch.select([0]).temperature == 0.7
+    with pytest.raises(ContractError) as err:
+        TrainingBatch.from_trajectories([make()], [torch.ones(4)], [0], pad_token_id=0, temperature=0.0)
+    assert err.value.field == "temperature"
+
+
 def test_training_batch_rejects_a_non_finite_advantage_on_a_live_token():
     with pytest.raises(ContractError) as err:
         TrainingBatch.from_trajectories([make()], [torch.tensor([0.0, math.nan, 0.0, 0.0])], [0], pad_token_id=0)

@@ -6,6 +6,8 @@ each parallel layout runs on two processes.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from parallel_launch import run_ranks
@@ -17,12 +19,13 @@ ARCHS = ("qwen2", "qwen3", "qwen3_moe", "llama")
 TOL = 1e-5
 
 
-def hf_reference(hf_dir, batch):
-    """transformers' (log-probs, entropy) of the batch's own tokens, zero on padding and position 0."""
+def hf_reference(hf_dir, batch, temperature: float = 1.0):
+    """transformers' (log-probs, entropy) of the batch's own tokens under softmax(logits / temperature), zero on
+    padding and position 0."""
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
     with torch.no_grad():
         logits = model(batch.input_ids, attention_mask=batch.attention_mask.long()).logits[:, :-1].float()
-    logp_all = torch.log_softmax(logits, -1)
+    logp_all = torch.log_softmax(logits / temperature, -1)
     logp = logp_all.gather(-1, batch.input_ids[:, 1:, None])[..., 0]
     ent = -(logp_all.exp() * logp_all).sum(-1)
     pad = lambda x: torch.nn.functional.pad(x, (1, 0)) * batch.attention_mask  # noqa: E731
@@ -63,6 +66,18 @@ def test_local_attention_spec_matches_sdpa(single, tiny, batch, tmp_path):
     cfg = trainer_config(attention_backend="local")
     ((logp, _, _),) = run_ranks(logprobs_rank, 1, tmp_path, [(tiny["qwen3"], cfg)], batch)[0]
     assert (logp - single["qwen3"][0]).abs().max() < TOL
+
+
+def test_rows_sampled_at_a_temperature_are_scored_under_it_over_two_vocab_slices(tiny, batch, tmp_path):
+    """TrainingBatch.temperature 0.7: log-probs and entropy of softmax(logits / 0.7), the vocabulary split by TP=2."""
+    cfg = trainer_config(tp=2, max_tokens_per_micro_batch=24)
+    ranks = run_ranks(logprobs_rank, 2, tmp_path, [(tiny["qwen2"], cfg)], dataclasses.replace(batch, temperature=0.7))
+    ref_logp, ref_ent = hf_reference(tiny["qwen2"], batch, temperature=0.7)
+    untempered, _ = hf_reference(tiny["qwen2"], batch)
+    assert (ref_logp - untempered).abs().max() > 100 * TOL, "the temperature must change what is compared"
+    for ((logp, ent, _),) in ranks:
+        assert (logp - ref_logp).abs().max() < TOL
+        assert (ent - ref_ent).abs().max() < TOL
 
 
 @pytest.mark.parametrize(
