@@ -20,6 +20,11 @@ from megatron_rl.env_vars import ENGINE_DIES_WITH_SERVER
 _PR_SET_PDEATHSIG = 1
 
 
+def die_with_parent(sig: int) -> None:
+    """Ask the kernel to send ``sig`` to this process when the thread that started it dies (PR_SET_PDEATHSIG)."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
+
+
 def register() -> None:
     """Called by vLLM in each of its processes; acts only in a managed server's engine core."""
     parent = multiprocessing.parent_process()
@@ -27,6 +32,6 @@ def register() -> None:
         return
     if not multiprocessing.current_process().name.startswith("EngineCore"):
         return
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    die_with_parent(signal.SIGKILL)
     if os.getppid() != parent.pid:  # the API server died before the request took effect
         os._exit(1)

@@ -18,7 +18,6 @@ ends its whole process group (API server and engine core).
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import importlib.util
 import os
@@ -35,8 +34,7 @@ from pathlib import Path
 
 from megatron_rl.env_vars import ENGINE_DIES_WITH_SERVER, RUN_SECRET, cache_dir
 from megatron_rl.inference.config import ServerConfig
-
-_PR_SET_PDEATHSIG = 1
+from megatron_rl.vllm_plugin import die_with_parent
 
 
 class ServerStartError(RuntimeError):
@@ -55,7 +53,7 @@ def free_port(host: str = LOOPBACK) -> int:
 
 
 def _setup_child(core: int | None) -> None:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    die_with_parent(signal.SIGTERM)
     if core is not None:
         os.sched_setaffinity(0, {core})
 
