@@ -17,7 +17,7 @@ the ``WeightReceiver`` extension, driven by ``WeightTransferCoordinator`` throug
 After the updates vLLM's prompt log-probs must match megatron's and transformers' on the new (perturbed)
 weights within bf16 tolerance.
 
-    export PYTHONPATH=/tmp/vsite:/tmp/site:$PWD
+    export PYTHONPATH=$PWD:/tmp/site    # after .ci/gpu-install.sh /tmp/pieces /tmp/site (README: GPUs)
     python benchmarks/bench_gpu_transfer.py                               # 1b and 7b, 2 GPUs, NCCL
     python benchmarks/bench_gpu_transfer.py --sizes 1b                    # the small model only
     python benchmarks/bench_gpu_transfer.py --transport cuda_ipc          # one GPU, 1b

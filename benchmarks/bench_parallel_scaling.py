@@ -8,7 +8,7 @@ FFN 1408 (1.4B, 0.5B active). Layouts on two GPUs split the batch over data-para
 layout leaves some (EP=2 runs attention data-parallel). MFU = tokens/s x (8 N_active + 8 L s h) /
 (peak x GPUs), as benchmarks/bench_layer_specs.py counts the RL step.
 
-    export PYTHONPATH=/tmp/vsite:/tmp/site:$PWD
+    export PYTHONPATH=$PWD:/tmp/site    # after .ci/gpu-install.sh /tmp/pieces /tmp/site (README: GPUs)
     python benchmarks/bench_parallel_scaling.py               # 2 GPUs, seq 4096
     python benchmarks/bench_parallel_scaling.py --seq 2048    # if memory or time is tight
     python benchmarks/bench_parallel_scaling.py --dry-run     # CPU: tiny shapes over gloo

@@ -5,7 +5,7 @@ up to 96 tokens; log-probs and entropies of every token compared with the one-GP
 weights. bf16 on both sides, so the only differences are reduction order (TP all-reduces, the MoE
 all-to-all's combine): tolerances below, max and mean absolute difference printed.
 
-    export PYTHONPATH=/tmp/vsite:/tmp/site:$PWD
+    export PYTHONPATH=$PWD:/tmp/site    # after .ci/gpu-install.sh /tmp/pieces /tmp/site (README: GPUs)
     python -m pytest tests/gpu/test_multi_gpu_parallel.py -s -p no:cacheprovider
 """
 
