@@ -88,6 +88,11 @@ def make_llm(model_dir: Path):
     # On a GPU vLLM refuses to start when gpu_memory_utilization (default 0.92) of the card exceeds what
     # is free, even with a fixed KV cache; a colocated trainer holds part of it.
     gpu = {"gpu_memory_utilization": 0.3} if torch.cuda.is_available() else {}
+    if gpu:
+        # torch 2.11's is_available() above poisons fork without initialising CUDA, so vLLM 0.26 (which
+        # switches to spawn only once CUDA is initialised) forks its engine core, and the child fails with
+        # "Cannot re-initialize CUDA in forked subprocess".
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
     return LLM(str(model_dir), dtype="float32", enforce_eager=True, max_model_len=256, seed=0,
                kv_cache_memory_bytes=1 << 26, worker_extension_cls=RECEIVER, **gpu)
 
