@@ -29,12 +29,28 @@ QUIET_WARNINGS = (
     "The .grad attribute of a Tensor that is not a leaf Tensor is being accessed",
     "`torch.distributed.reduce_scatter_tensor` is deprecated",
     "`torch.distributed.all_gather_into_tensor` is deprecated",
+    # GPU: torch's barrier() on an NCCL group bound to no device (megatron-core's own barriers), and the escape
+    # sequence megatron-core's kv_block_allocator docstring has, printed as a site without .pyc files compiles it.
+    "barrier()",
+    "invalid escape sequence",
 )
 # Loggers whose warnings are notices to megatron developers (GPTModel deprecation, DDP layout auto-computed), and
 # Ray's notice that a local cluster turned token authentication on by default.
 QUIET_LOGGERS = ("megatron.core.models.gpt.gpt_model", "megatron.core.distributed.distributed_data_parallel",
                  "ray._private.authentication.authentication_token_setup")
+# A notice megatron-core logs on a path it takes itself: its synchronous checkpoint save runs through the async
+# route it calls deprecated. (logger, message start): only that message is dropped, the logger's others print.
+QUIET_LOG_MESSAGES = (("megatron.core.dist_checkpointing.strategies.torch", "MCore's async save is deprecated"),)
 SETUP_HOOK = "megatron_rl.console.quiet_process"
+
+
+class _DropMessage(logging.Filter):
+    def __init__(self, start: str):
+        super().__init__()
+        self.start = start
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.start)
 
 
 def quiet_process() -> None:
@@ -43,6 +59,10 @@ def quiet_process() -> None:
         warnings.filterwarnings("ignore", message=re.escape(text))
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
+    for name, start in QUIET_LOG_MESSAGES:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropMessage) and f.start == start for f in logger.filters):
+            logger.addFilter(_DropMessage(start))
     # transformers' own bars ("Writing model shards" as the tiny model is saved): read at its import, so the
     # variable covers this process's later import and every child; an earlier import is switched off directly.
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"

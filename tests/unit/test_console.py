@@ -11,6 +11,8 @@ from megatron_rl.tracking import PANELS, plot_curves
 EMIT = ("import warnings; {setup}"
         "warnings.warn('Apex is not installed. Falling back to Torch Norm'); "
         "warnings.warn('MimoModelConfig is experimental and still under active development'); "
+        "warnings.warn('barrier(): using the device under current context. You can specify device_id'); "
+        "warnings.warn('invalid escape sequence', SyntaxWarning); "
         "warnings.warn('something new the user must see')")
 
 
@@ -22,7 +24,7 @@ def _stderr(code: str, env: dict | None = None) -> str:
 def test_quiet_process_drops_known_warnings_and_keeps_others():
     err = _stderr(EMIT.format(setup="from megatron_rl.console import quiet_process; quiet_process(); "))
     assert "something new the user must see" in err
-    assert "Apex" not in err and "Mimo" not in err
+    assert "Apex" not in err and "Mimo" not in err and "barrier" not in err and "escape" not in err
 
 
 def test_child_processes_inherit_the_filters_through_pythonwarnings():
@@ -30,7 +32,7 @@ def test_child_processes_inherit_the_filters_through_pythonwarnings():
     err = _stderr(EMIT.format(setup=""), env)
     assert "Invalid -W option" not in err  # every entry parses
     assert "something new the user must see" in err
-    assert "Apex" not in err and "Mimo" not in err
+    assert "Apex" not in err and "Mimo" not in err and "barrier" not in err and "escape" not in err
     assert python_warnings("error::DeprecationWarning").startswith("error::DeprecationWarning,ignore:")
 
 
@@ -70,9 +72,11 @@ def test_quiet_process_drops_ray_and_transformers_notices(tmp_path):
             "from ray._private.authentication import authentication_token_setup as a; a._warn_token_auth_enabled(); "
             "import transformers; m = transformers.LlamaForCausalLM(transformers.LlamaConfig(vocab_size=64, "
             "hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)); "
-            f"m.save_pretrained({str(tmp_path)!r}); logging.getLogger('megatron_rl').warning('still shown')")
+            f"m.save_pretrained({str(tmp_path)!r}); logging.getLogger('megatron_rl').warning('still shown'); "
+            "mc = logging.getLogger('megatron.core.dist_checkpointing.strategies.torch'); "
+            "mc.warning('MCore' + chr(39) + 's async save is deprecated and will be removed'); mc.warning('shown too')")
     err = _stderr(code)
-    assert "still shown" in err
+    assert "still shown" in err and "shown too" in err and "async save" not in err
     assert "Token authentication" not in err and "Writing model shards" not in err
 
 
