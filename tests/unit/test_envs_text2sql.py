@@ -39,6 +39,24 @@ def test_sql_block_is_read_and_wrong_result_scores_zero(env):
     assert (result.reward, result.done, env.metrics["correct"]) == (0.0, True, 0.0)
 
 
+def test_runs_reward_tells_a_wrong_answer_from_a_malformed_reply():
+    knobs = {"max_turns": 1, "runs_reward": 0.1}
+    rewards = []
+    for reply in (_call("SELECT name FROM pets WHERE age = 5"), _call("SELECT name FROM pets"),
+                  _call("SELECT nme FROM pets"), '<tool_call>{"name": "run_sql"</tool_call>'):
+        env = make_env("text2sql", {"db": DB, "gold_sql": "SELECT name FROM pets WHERE age = 5"}, knobs)
+        env.init(PROMPT)
+        rewards.append(env.step(reply).reward)
+        env.close()
+    assert rewards == [1.0, 0.1, 0.0, 0.0]  # right, runs but wrong, errors, does not parse
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.0])
+def test_runs_reward_must_stay_below_the_right_answers(value):
+    with pytest.raises(ValueError, match=r"envs\.text2sql\.runs_reward"):
+        make_env("text2sql", {"db": DB, "gold_sql": "SELECT 1"}, {"runs_reward": value})
+
+
 def test_errors_come_back_as_observations_until_max_turns(env):
     first = env.step(_call("SELECT nme FROM pets"))
     assert not first.done and first.reward == 0.0

@@ -3,7 +3,7 @@
 Each turn the reply's query (a ``run_sql`` tool call, else the last ```sql block) runs read-only against the
 row's database with a time and row limit. An error or a missing query comes back as an observation (reward 0)
 until ``max_turns``; a query that runs ends the episode with reward 1 if its result set equals the gold
-query's (order-insensitive unless the gold query has ORDER BY), else 0.
+query's (order-insensitive unless the gold query has ORDER BY), else ``runs_reward`` (default 0).
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ class Text2SQLConfig:
     """Rows a query may return; more counts as a wrong answer."""
     tool_call_format: str = "hermes"
     """Tool-call syntax the policy writes (hermes or qwen3_coder)."""
+    runs_reward: float = 0.0
+    """Reward for a query that runs but returns other rows than the gold query's, below the right answer's 1.
+    A reply with no query that runs earns 0, so a wrong answer and a malformed reply are told apart."""
 
     def __post_init__(self) -> None:
         for key in ("max_turns", "max_rows"):
@@ -51,6 +54,9 @@ class Text2SQLConfig:
                 raise ValueError(f"envs.text2sql.{key}: must be >= 1, got {getattr(self, key)}")
         if self.time_limit_s <= 0:
             raise ValueError(f"envs.text2sql.time_limit_s: must be > 0, got {self.time_limit_s}")
+        if not 0 <= self.runs_reward < 1:
+            raise ValueError(f"envs.text2sql.runs_reward: must be in [0, 1) (a right answer earns 1), "
+                             f"got {self.runs_reward}")
         if self.tool_call_format not in PARSERS:
             raise ValueError(f"envs.text2sql.tool_call_format: '{self.tool_call_format}'; known: {', '.join(PARSERS)}")
 
@@ -120,7 +126,8 @@ class Text2SQLEnv(Env):
     def _score(self, result: QueryResult) -> StepResult:
         ok = not result.truncated and results_match(result.rows, self.gold.rows, is_ordered(self.extras["gold_sql"]))
         self.metrics["correct"] = float(ok)
-        return StepResult([], float(ok), True, {"correct": float(ok), "rows": float(len(result.rows))})
+        reward = 1.0 if ok else self.config.runs_reward
+        return StepResult([], reward, True, {"correct": float(ok), "rows": float(len(result.rows))})
 
     def close(self) -> None:
         if self._tmp is not None:
