@@ -2,7 +2,8 @@
 # Prepare, on a machine with PyPI, every wheel a CUDA machine with Python 3.12 and the image's torch 2.11 lacks
 # for megatron-rl: vLLM 0.26.0 (the release pinned to torch 2.11, a CUDA 13 build) and its small dependencies,
 # megatron-core, Ray, Hydra, and the project's own wheel (for its entry points: the vLLM plugin that ties a
-# managed server's engine core to its API server). Output: OUT/p0 ... pN (pieces of at most 58 MiB, for transfers limited to 64 MiB).
+# managed server's engine core to its API server). Output: OUT/p0 ... pN (pieces of at most 58 MiB, for
+# transfers limited to 64 MiB).
 # Install them on the GPU machine with .ci/gpu-install.sh (README: "GPU machines without a registry").
 # Usage: bash .ci/gpu-wheels.sh OUT_DIR
 set -euo pipefail

@@ -45,6 +45,8 @@ SETUP_HOOK = "megatron_rl.console.quiet_process"
 
 
 class _DropMessage(logging.Filter):
+    """Drops a logger's records whose message starts with ``start``."""
+
     def __init__(self, start: str):
         super().__init__()
         self.start = start
