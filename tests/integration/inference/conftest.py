@@ -8,13 +8,17 @@ from megatron_rl.inference.config import InferenceConfig, ServerConfig
 from megatron_rl.inference.launcher import LocalServers
 from megatron_rl.tiny import make_tiny_model
 
+HERE = Path(__file__).parent
 RUN_DIR = Path("/tmp/inference-eng/servers")
 
 
 def pytest_collection_modifyitems(config, items):
     """Run the tests that launch their own servers before the shared pair starts, so no more than
     two servers run at once (the root conftest marks the tier)."""
-    items.sort(key=lambda item: Path(str(item.fspath)).name != "test_lifecycle.py")
+    slots = [k for k, item in enumerate(items) if Path(str(item.fspath)).parent == HERE]  # the rest keep their places
+    ordered = sorted((items[k] for k in slots), key=lambda item: Path(str(item.fspath)).name != "test_lifecycle.py")
+    for k, item in zip(slots, ordered):
+        items[k] = item
 
 
 def server_config(model_path: Path, run_dir: Path = RUN_DIR) -> ServerConfig:
