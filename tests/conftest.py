@@ -1,6 +1,6 @@
 """Test tiers: the first folder under tests/ sets the marker (unit, integration, gpu); gpu tests skip without CUDA.
 
-Under pytest-xdist (``-n 2 --dist loadgroup``, pyproject's addopts) each test joins the group that must stay on one
+Under pytest-xdist (``-n 2 --dist loadscope``, pyproject's addopts) each test joins the group that must stay on one
 worker: an integration folder (its session fixtures, shared servers and /tmp folders are one worker's) or else its
 file (its module fixtures). Groups go out longest first, so the two workers end together rather than one idling
 through a long group at the end.
@@ -36,7 +36,21 @@ def _rank(group: str) -> int:
     return _LONG.index(group) if group in _LONG else len(_LONG) + (not group.startswith("integration/"))
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the test ids
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadscope`` with a scope per group (xdist's own ``loadgroup`` puts the group in the test's id, which
+    pytest 9 no longer lets a plugin change)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(_ROOT.parent / nodeid.split("::")[0])
+
+    return ByGroup(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 
@@ -48,5 +62,4 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(getattr(pytest.mark, tier))
         if item.get_closest_marker("gpu") and not cuda:
             item.add_marker(pytest.mark.skip(reason="needs CUDA"))
-        item.add_marker(pytest.mark.xdist_group(_group(path)))
     items.sort(key=lambda item: _rank(_group(Path(str(item.fspath)))))
