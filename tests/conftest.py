@@ -1,9 +1,9 @@
 """Test tiers: the first folder under tests/ sets the marker (unit, integration, gpu); gpu tests skip without CUDA.
 
-Under pytest-xdist (``-n 2 --dist loadscope``, pyproject's addopts) each test joins the group that must stay on one
-worker: an integration folder (its session fixtures, shared servers and /tmp folders are one worker's) or else its
-file (its module fixtures). Groups go out longest first, so the two workers end together rather than one idling
-through a long group at the end.
+Under pytest-xdist (``-n 2``, the README's test command; ``--dist loadscope`` from pyproject) each test joins the
+group that must stay on one worker: an integration folder (its session fixtures, shared servers and /tmp folders
+are one worker's) or else its file (its module fixtures). Groups go out longest first, so the two workers end
+together rather than one idling through a long group at the end.
 """
 
 from pathlib import Path
