@@ -59,7 +59,8 @@ class Tracker:
 
     def log_sft(self, step: int, metrics: dict[str, float]) -> None:
         """SFT warm-start progress: console only (RL steps own metrics.jsonl's step axis)."""
-        check = f" check_pass={metrics['sft/check_pass_rate']:.3f}" if "sft/check_pass_rate" in metrics else ""
+        check = (f" check_pass={metrics['sft/check_pass_rate']:.3f} (at step {metrics['sft/check_step']:.0f})"
+                 if "sft/check_pass_rate" in metrics else "")
         log.info("sft step %d loss=%.4f entropy=%.2f lr=%.2e%s", step, metrics.get("sft/loss", float("nan")),
                  metrics.get("sft/entropy", float("nan")), metrics.get("sft/lr", float("nan")), check)
 

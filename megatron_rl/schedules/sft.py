@@ -49,6 +49,7 @@ async def run_sft(c: Components, sampler: PromptSampler) -> tuple[dict[str, floa
                                routing_replay=RoutingReplayConfig(), kl=KLConfig())
     checked = sampler.items[:cfg.check_prompts] if cfg.stop_at_accuracy else []
     metrics: dict[str, float] = {}
+    check: dict[str, float] = {}  # the last greedy check: every line up to the next one shows it
     version = 0
     progress = bar(cfg.steps, "sft")
     for step in range(cfg.steps):
@@ -66,11 +67,13 @@ async def run_sft(c: Components, sampler: PromptSampler) -> tuple[dict[str, floa
         if checked and (step + 1) % cfg.check_every == 0:
             version += 1
             await c.weight_sync(version)
-            metrics["sft/check_pass_rate"] = pass_rate(await greedy_scores(c, checked, 0, version))
-            if metrics["sft/check_pass_rate"] >= cfg.stop_at_accuracy:
-                log.info("sft: stopped after %d steps, greedy pass rate %.3f on %d training prompts (target %.3f)",
-                         step + 1, metrics["sft/check_pass_rate"], len(checked), cfg.stop_at_accuracy)
-                break
+            check = {"sft/check_pass_rate": pass_rate(await greedy_scores(c, checked, 0, version)),
+                     "sft/check_step": float(step)}
+        metrics.update(check)
+        if check.get("sft/check_step") == step and check["sft/check_pass_rate"] >= cfg.stop_at_accuracy:
+            log.info("sft: stopped after %d steps, greedy pass rate %.3f on %d training prompts (target %.3f)",
+                     step + 1, check["sft/check_pass_rate"], len(checked), cfg.stop_at_accuracy)
+            break
         if step % 10 == 0 or step + 1 == cfg.steps:
             c.tracker.log_sft(step, metrics)
     progress.close()

@@ -4,6 +4,8 @@ A change that breaks learning (the advantage's sign, the loss's scale, a weight 
 the sampler, an optimizer step that does nothing) fails here, not only in a person's run.
 """
 
+import re
+
 from integration.test_train_job import records, train
 
 # Held-out pass rate (200 prompts, greedy, the same at both evaluations), step 0 -> step 20 of tiny_cpu as
@@ -21,3 +23,5 @@ def test_tiny_cpu_raises_held_out_accuracy_within_20_steps(tmp_path):
              if "eval/pass_rate" in m}
     assert sorted(evals) == [0, 20], evals
     assert evals[20] >= evals[0] + MARGIN, f"held-out pass rate {evals[0]:.3f} -> {evals[20]:.3f}: RL did not learn"
+    # the SFT lines (every 10 steps) show the last greedy check that stops SFT (the recipe checks every 3 steps)
+    assert re.search(r"sft step 10 .* check_pass=\d\.\d{3} \(at step 8\)", (tmp_path / "log-0.txt").read_text())
