@@ -38,6 +38,12 @@ def _rewards(tok, sampler, prompts, params: types.SamplingParams, n: int):
     return out
 
 
+def _greedy_accuracy(tok, trainer, prompts) -> float:
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    greedy = types.SamplingParams(max_tokens=8, temperature=0.0)
+    return float(np.mean([r.mean() for _, r in _rewards(tok, sampler, prompts, greedy, 1).values()]))
+
+
 def test_rl_loop_through_the_sdk_raises_the_reward(trainer):
     tok = trainer.get_tokenizer()
     prompts = {p: tok.encode(f"What is {p[0]} + {p[1]}?\n") for p in PROBLEMS}
@@ -45,11 +51,10 @@ def test_rl_loop_through_the_sdk_raises_the_reward(trainer):
     for _ in range(15):  # warm start: the format and a few facts, far from all of them
         trainer.forward_backward(demos, "cross_entropy").result()
         trainer.optim_step(ADAM).result()
-    greedy = types.SamplingParams(max_tokens=8, temperature=0.0)
-    before = np.mean([r.mean() for _, r in _rewards(tok, trainer.save_weights_and_get_sampling_client(), prompts, greedy, 1).values()])
+    before = _greedy_accuracy(tok, trainer, prompts)
     curve = []
     for step in range(16):
-        sampler = trainer.save_weights_and_get_sampling_client()
+        sampler = trainer.save_weights_and_get_sampling_client().result()
         params = types.SamplingParams(max_tokens=8, temperature=1.0, seed=1000 * step)
         data, mean = [], []
         for p, (seqs, r) in _rewards(tok, sampler, prompts, params, SAMPLES).items():
@@ -59,7 +64,7 @@ def test_rl_loop_through_the_sdk_raises_the_reward(trainer):
         if data:
             trainer.forward_backward(data, "importance_sampling").result()
             trainer.optim_step(ADAM).result()
-    after = np.mean([r.mean() for _, r in _rewards(tok, trainer.save_weights_and_get_sampling_client(), prompts, greedy, 1).values()])
+    after = _greedy_accuracy(tok, trainer, prompts)
     print(f"train reward by step {[round(c, 3) for c in curve]}; greedy accuracy {before:.3f} -> {after:.3f}")
     assert np.mean(curve[-4:]) > np.mean(curve[:4]) + 0.1, curve
     assert after > before, (before, after)

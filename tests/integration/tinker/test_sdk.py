@@ -46,7 +46,7 @@ def test_forward_only_leaves_the_weights(trainer, facts):
 def test_sampler_logprobs_match_the_trainer_after_an_ephemeral_sync(trainer, facts):
     trainer.forward_backward(facts, "cross_entropy").result()
     trainer.optim_step(ADAM).result()
-    sampler = trainer.save_weights_and_get_sampling_client()
+    sampler = trainer.save_weights_and_get_sampling_client().result()
     tok = trainer.get_tokenizer()
     prompt = tok.encode("2 + 3 =")
     res = sampler.sample(types.ModelInput.from_ints(prompt), num_samples=3,
@@ -91,7 +91,7 @@ def _rl_datum(ids, prompt_len, sampler_logprobs, advantage):
 
 @pytest.mark.parametrize("loss", ["importance_sampling", "ppo", "gspo", "cispo", "sapo"])
 def test_policy_losses_take_advantages_and_sampler_logprobs(trainer, loss):
-    sampler = trainer.save_weights_and_get_sampling_client()
+    sampler = trainer.save_weights_and_get_sampling_client().result()
     tok = trainer.get_tokenizer()
     prompt = tok.encode("4 + 1 =")
     res = sampler.sample(types.ModelInput.from_ints(prompt), num_samples=2,
@@ -122,7 +122,7 @@ def test_named_sampler_weights_are_an_hf_checkpoint_the_fleet_samples(service, s
     hf_logp = logits.gather(-1, torch.tensor(ids[1:])[:, None])[:, 0].numpy()
     train = trainer.forward(facts[:1], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
     np.testing.assert_allclose(hf_logp, train, atol=2e-4)
-    sampler = sdk.create_sampling_client(model_path=path)
+    sampler = sdk.create_sampling_client(model_path=path).result()
     res = sampler.sample(types.ModelInput.from_ints(ids[:3]), num_samples=1,
                          sampling_params=types.SamplingParams(max_tokens=3, temperature=1.0, seed=1)).result()
     assert len(res.sequences[0].tokens) == len(res.sequences[0].logprobs) > 0
