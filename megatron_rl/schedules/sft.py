@@ -64,13 +64,15 @@ async def run_sft(c: Components, sampler: PromptSampler) -> tuple[dict[str, floa
         metrics["sft/seconds"] = time.perf_counter() - start
         metrics["sft/steps"] = float(step + 1)
         progress.update()
+        reached = False
         if checked and (step + 1) % cfg.check_every == 0:
             version += 1
             await c.weight_sync(version)
             check = {"sft/check_pass_rate": pass_rate(await greedy_scores(c, checked, 0, version)),
                      "sft/check_step": float(step)}
+            reached = check["sft/check_pass_rate"] >= cfg.stop_at_accuracy
         metrics.update(check)
-        if check.get("sft/check_step") == step and check["sft/check_pass_rate"] >= cfg.stop_at_accuracy:
+        if reached:
             log.info("sft: stopped after %d steps, greedy pass rate %.3f on %d training prompts (target %.3f)",
                      step + 1, check["sft/check_pass_rate"], len(checked), cfg.stop_at_accuracy)
             break
